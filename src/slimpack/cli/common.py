@@ -1,0 +1,80 @@
+"""Flags shared by several commands: model, cluster and layout, so every command spells them alike."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from slimpack.config import (
+    CLUSTER_PRESETS,
+    MODEL_PRESETS,
+    Config,
+    TrainConfig,
+    build_config,
+    load_config,
+)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1; accepts K/M suffixes (64K = 65536)."""
+    multipliers = {"k": 2**10, "m": 2**20, "g": 2**30}
+    raw = text.strip().lower()
+    scale = multipliers.get(raw[-1:], 1)
+    digits = raw[:-1] if scale != 1 else raw
+    try:
+        value = int(digits) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 65536 or 64K), got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, training: bool = True) -> None:
+    """--config, --model, --gpu, --tp/--pp/--dp/--cp/--vpp and (with ``training``) context and batch."""
+    group = parser.add_argument_group("model, cluster and layout")
+    group.add_argument("--config", metavar="FILE", help="JSON or TOML config file; flags given here override it")
+    group.add_argument("--model", metavar="M", help=f"model preset ({', '.join(MODEL_PRESETS)}); default llama2-7b")
+    group.add_argument("--gpu", metavar="G", help=f"GPU/cluster preset ({', '.join(CLUSTER_PRESETS)}); default h100-sxm")
+    for name, text in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data"), ("cp", "context")):
+        group.add_argument(f"--{name}", type=positive_int, metavar="N", help=f"{text}-parallel degree")
+    group.add_argument("--vpp", type=positive_int, metavar="N", help="virtual stages per pipeline stage (interleaved 1F1B)")
+    if training:
+        group.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 64K)")
+        group.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
+        group.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
+        group.add_argument("--seed", type=int, help="seed for batch sampling")
+
+
+def config_from_args(args: argparse.Namespace, *, default: Config | None = None) -> Config:
+    """Start from --config (or ``default``, or presets) and apply the flags that were given."""
+    if getattr(args, "config", None):
+        base = load_config(args.config)
+    else:
+        base = default or build_config()
+    model = args.model or base.model
+    gpu = args.gpu or base.cluster
+    parallel = _override(base.parallel, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp,
+                         virtual_stages=args.vpp)
+    train: TrainConfig = base.train
+    if hasattr(args, "max_context"):
+        train = _override(train, max_context=args.max_context, global_batch_tokens=args.global_batch_tokens,
+                          recompute=args.recompute, seed=args.seed)
+    return build_config(model=model, gpu=gpu, parallel=parallel, train=train,
+                        efficiency=base.efficiency, planner=base.planner)
+
+
+def _override(value: Any, **changes: Any) -> Any:
+    given = {k: v for k, v in changes.items() if v is not None}
+    return dataclasses.replace(value, **given) if given else value
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+__all__ = ["add_config_arguments", "config_from_args", "positive_int", "print_json"]

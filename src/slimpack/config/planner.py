@@ -1,0 +1,31 @@
+"""Knobs of the planners (SlimPack and the baselines). Defaults are the tuned values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slimpack.config.base import ConfigBase, require
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerConfig(ConfigBase):
+    min_slice_tokens: int = 1024
+    """Shortest slice SlimPack may cut (kernel efficiency); slice boundaries align to ``slice_align``."""
+    slice_align: int = 128
+    """Slice boundaries are multiples of this (the attention kernel's tile)."""
+    milp_time_limit_s: float = 2.0
+    """Wall-clock limit of the MILP refinement; the heuristic plan is kept on time-out."""
+    use_slicing: bool = True
+    """Ablation switch: cut long samples into slices."""
+    use_asymmetric: bool = True
+    """Ablation switch: regroup backward work balanced on backward cost."""
+    use_dp_merge: bool = True
+    """Ablation switch: run ultra-long outliers on merged replicas with context parallelism."""
+    use_milp: bool = True
+    """Ablation switch: refine the heuristic with a MILP (HiGHS)."""
+
+    def __post_init__(self) -> None:
+        require(self.slice_align >= 1, f"slice_align must be >= 1, got {self.slice_align}")
+        require(self.min_slice_tokens >= self.slice_align,
+                f"min_slice_tokens ({self.min_slice_tokens}) must be >= slice_align ({self.slice_align})")
+        require(self.milp_time_limit_s > 0, f"milp_time_limit_s must be > 0, got {self.milp_time_limit_s}")

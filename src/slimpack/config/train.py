@@ -1,0 +1,31 @@
+"""What a training step is: context length, batch size, recomputation, optimizer sharding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from slimpack.config.base import ConfigBase, require
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig(ConfigBase):
+    max_context: int = 65536
+    """Longest sequence a sample may have; longer documents are cut into chunks of this length."""
+    global_batch_tokens: int = 4 * 2**20
+    """Token budget of one global batch (all replicas, one optimizer step)."""
+    recompute: Literal["none", "selective", "full"] = "selective"
+    """Activation recomputation: none; selective (core attention recomputed in backward, its output
+    not stored); full (only each layer's input kept, the layer's forward rerun in backward)."""
+    distributed_optimizer: bool = True
+    """Shard fp32 master weights and Adam moments over the data-parallel group (ZeRO-1)."""
+    seed: int = 0
+    """Seed for batch sampling and any randomised planning step."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.max_context, int) and self.max_context >= 1,
+                f"max_context must be a positive integer, got {self.max_context!r}")
+        require(isinstance(self.global_batch_tokens, int) and self.global_batch_tokens >= 1,
+                f"global_batch_tokens must be a positive integer, got {self.global_batch_tokens!r}")
+        require(self.recompute in ("none", "selective", "full"),
+                f"recompute must be 'none', 'selective' or 'full', got {self.recompute!r}")
