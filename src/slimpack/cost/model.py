@@ -1,0 +1,251 @@
+"""The ONE cost model: time, memory and communication of a group of slices on a pipeline stage.
+
+Every planner, the simulator and the benchmarks call this class; nothing else computes costs.
+A *group* is a list of slices ``(tokens c_i, prefix p_i)`` run as one unit; times are per device
+(one of the tp·cp GPUs that run a stage together), for one model chunk ("virtual stage": the layers
+of a pipeline stage, or one of its chunks under interleaving).
+
+Time of a layer's forward for a group (per device):
+  overhead + GEMM(T) + max(attention, context-parallel KV exchange) + tensor-parallel collectives
+with T = Σc_i, GEMM(T) = lin·T/(tp·cp) / (peak·gemm_max·n/(n+n_half)) at n = T/cp tokens per device,
+and attention summed per slice with its own efficiency at c_i/cp query tokens (small slices run
+below peak). See ``slimpack.config.efficiency`` for the efficiency curve and ``flops`` for FLOPs.
+Backward = 2x GEMM + 2.5x attention + the forward work recomputation repeats.
+
+Because GEMM(T) = k·(T + cp·n_half) is affine in T, a group's time on a stage is
+``group_constant + Σ slice_cost`` exactly when cp = 1; planners use that additive form.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slimpack.config import Config
+from slimpack.cost import flops, memory
+from slimpack.cost.comm import group_link, ring_allreduce_time, ring_gather_time
+
+ArrayLike = np.ndarray | list[int] | tuple[int, ...]
+
+# Collectives per layer under Megatron tensor parallelism: with sequence parallelism an all-gather
+# before and a reduce-scatter after both the attention and the MLP block (4 per pass); without it
+# two all-reduces, which move the same bytes.
+TP_COLLECTIVES_PER_LAYER = 4
+BACKWARD_OVERHEAD_FACTOR = 2.0  # about twice the kernels of the forward pass
+CROSS_ENTROPY_PASSES = 3  # read logits, write softmax, read it back in backward (memory-bound)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkShape:
+    """What one model chunk (virtual stage) holds."""
+
+    num_layers: int
+    has_embedding: bool
+    has_head: bool
+
+
+class CostModel:
+    """Costs for one ``Config``; cheap to build, safe to share (immutable after construction)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        model, par, eff, cluster = config.model, config.parallel, config.efficiency, config.cluster
+        self.model = model
+        self.tp = par.tp
+        self.cp = par.cp
+        self.num_chunks = par.pp * par.virtual_stages
+        self.layers_per_chunk = model.num_layers // self.num_chunks
+        self.recompute = config.train.recompute
+        self._gemm_rate = cluster.peak_flops * eff.gemm_max
+        self._attn_rate = cluster.peak_flops * eff.attention_max
+        self._lin = flops.linear_flops_per_token(model)
+        self._attn_per_pair = flops.attention_flops_per_pair(model)
+        self._head = flops.lm_head_flops_per_token(model)
+        self._act_bytes_layer = memory.activation_bytes_per_token(
+            model, recompute=self.recompute, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
+        self._working_bytes_layer = memory.working_bytes_per_token(
+            model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
+        self._logit_bytes = memory.logits_bytes_per_token(model, tp=par.tp, cp=1)
+        # bytes of the hidden state per token on one device (sharded by tp under SP)
+        hidden_bytes = model.hidden * model.dtype_bytes
+        self._p2p_bytes_per_token = hidden_bytes / par.tp if par.sequence_parallel else hidden_bytes
+
+    # ---- layout ---------------------------------------------------------------------------
+    def chunk_shape(self, virtual_stage: int) -> ChunkShape:
+        assert 0 <= virtual_stage < self.num_chunks, virtual_stage
+        return ChunkShape(self.layers_per_chunk, virtual_stage == 0, virtual_stage == self.num_chunks - 1)
+
+    # ---- time -----------------------------------------------------------------------------
+    def _layer_parts(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> tuple[float, float, float, float]:
+        """(GEMM, attention, tensor-parallel comm, context-parallel comm) seconds of one layer's
+        forward for a group, on one device."""
+        eff = self.config.efficiency
+        cluster = self.config.cluster
+        total = float(tokens.sum())
+        if total <= 0:
+            return 0.0, 0.0, 0.0, 0.0
+        shards = self.tp * cp
+        gemm = self._lin / shards / self._gemm_rate * (total + cp * eff.gemm_half_tokens)
+        tok = tokens.astype(np.float64)
+        pairs = tok * prefix + tok * (tok + 1.0) / 2.0
+        local = np.maximum(tok / cp, 1.0)
+        attn = float(np.sum(pairs * (local + eff.attention_half_tokens) / local))
+        attn *= self._attn_per_pair / shards / self._attn_rate
+        tp_comm = 0.0
+        if self.tp > 1:
+            bw, lat = cluster.link(same_node=True)
+            size = total / cp * self.model.hidden * self.model.dtype_bytes
+            tp_comm = TP_COLLECTIVES_PER_LAYER * ring_gather_time(size, self.tp, bw, lat)
+        cp_comm = 0.0
+        if cp > 1:
+            # ring attention: each of cp-1 steps passes this rank's K and V shard to its neighbour
+            bw, lat = group_link(cluster, self.tp * cp)
+            kv = 2 * self.model.kv_hidden / self.tp * total / cp * self.model.dtype_bytes
+            cp_comm = (cp - 1) * (kv / bw + lat)
+        return gemm, attn, tp_comm, cp_comm
+
+    def group_time(self, tokens: ArrayLike, prefix: ArrayLike, *, virtual_stage: int,
+                   backward: bool, cp: int | None = None) -> float:
+        """Seconds one device spends on the forward (or backward) of a group on a model chunk."""
+        cp = cp or self.cp
+        tokens_arr = np.asarray(tokens, dtype=np.int64)
+        prefix_arr = np.asarray(prefix, dtype=np.float64)
+        gemm, attn, tp_comm, cp_comm = self._layer_parts(tokens_arr, prefix_arr, cp)
+        overhead = self.config.efficiency.layer_overhead_s
+        forward = overhead + gemm + max(attn, cp_comm) + tp_comm
+        if not backward:
+            per_layer = forward
+        else:
+            per_layer = (BACKWARD_OVERHEAD_FACTOR * overhead + flops.GEMM_BACKWARD_FACTOR * gemm
+                         + max(flops.ATTENTION_BACKWARD_FACTOR * attn, 2.0 * cp_comm) + tp_comm)
+            if self.recompute == "full":
+                per_layer += forward
+            elif self.recompute == "selective":
+                per_layer += attn
+        shape = self.chunk_shape(virtual_stage)
+        time = shape.num_layers * per_layer
+        total = float(tokens_arr.sum())
+        if shape.has_head and total > 0:
+            time += self._head_time(total, cp, backward)
+        if shape.has_embedding and total > 0:
+            time += self._embedding_time(total, cp)
+        return time
+
+    def _head_time(self, total: float, cp: int, backward: bool) -> float:
+        eff = self.config.efficiency
+        gemm = self._head / (self.tp * cp) / self._gemm_rate * (total + cp * eff.gemm_half_tokens)
+        logits = total / cp * self._logit_bytes * CROSS_ENTROPY_PASSES / self.config.cluster.hbm_bandwidth
+        factor = flops.GEMM_BACKWARD_FACTOR if backward else 1.0
+        return factor * gemm + logits
+
+    def _embedding_time(self, total: float, cp: int) -> float:
+        # a memory-bound gather (forward) or scatter-add (backward) of T·h elements
+        size = total / cp * self.model.hidden * self.model.dtype_bytes
+        return 2 * size / self.config.cluster.hbm_bandwidth
+
+    def slice_costs(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool) -> np.ndarray:
+        """Additive part of each slice's time on a middle chunk (no embedding/head), cp = layout cp.
+        ``group_constant(backward) + slice_costs(...).sum()`` equals ``group_time`` when cp == 1."""
+        tok = np.asarray(tokens, dtype=np.float64)
+        pre = np.asarray(prefix, dtype=np.float64)
+        eff = self.config.efficiency
+        shards = self.tp * self.cp
+        gemm = self._lin / shards / self._gemm_rate * tok
+        pairs = tok * pre + tok * (tok + 1.0) / 2.0
+        local = np.maximum(tok / self.cp, 1.0)
+        attn = pairs * (local + eff.attention_half_tokens) / local * self._attn_per_pair / shards / self._attn_rate
+        tp_comm = np.zeros_like(tok)
+        if self.tp > 1:
+            bw, _ = self.config.cluster.link(same_node=True)
+            per_token = (self.tp - 1) / self.tp * self.model.hidden * self.model.dtype_bytes / self.cp / bw
+            tp_comm = TP_COLLECTIVES_PER_LAYER * per_token * tok
+        if backward:
+            per_layer = flops.GEMM_BACKWARD_FACTOR * gemm + flops.ATTENTION_BACKWARD_FACTOR * attn + tp_comm
+            if self.recompute == "full":
+                per_layer = per_layer + gemm + attn + tp_comm
+            elif self.recompute == "selective":
+                per_layer = per_layer + attn
+        else:
+            per_layer = gemm + attn + tp_comm
+        return self.layers_per_chunk * per_layer
+
+    def group_constant(self, *, backward: bool) -> float:
+        """Per-group part of a middle chunk's time that does not grow with tokens (see slice_costs)."""
+        eff = self.config.efficiency
+        gemm0 = self._lin / (self.tp * self.cp) / self._gemm_rate * self.cp * eff.gemm_half_tokens
+        tp_lat = 0.0
+        if self.tp > 1:
+            _, lat = self.config.cluster.link(same_node=True)
+            tp_lat = TP_COLLECTIVES_PER_LAYER * (self.tp - 1) * lat
+        forward = eff.layer_overhead_s + gemm0 + tp_lat
+        if not backward:
+            per_layer = forward
+        else:
+            per_layer = BACKWARD_OVERHEAD_FACTOR * eff.layer_overhead_s + flops.GEMM_BACKWARD_FACTOR * gemm0 + tp_lat
+            if self.recompute == "full":
+                per_layer += forward
+        return self.layers_per_chunk * per_layer
+
+    # ---- memory ---------------------------------------------------------------------------
+    def activation_bytes(self, tokens: float, *, virtual_stage: int, cp: int | None = None) -> float:
+        """Bytes one device keeps for a group of ``tokens`` tokens from its forward to its backward."""
+        cp = cp or self.cp
+        shape = self.chunk_shape(virtual_stage)
+        kept = shape.num_layers * self._act_bytes_layer * tokens / cp
+        if shape.has_head:
+            kept += self._logit_bytes * tokens / cp
+        return kept
+
+    def working_bytes(self, tokens: float, *, cp: int | None = None) -> float:
+        """Transient bytes while one layer of a group of ``tokens`` tokens runs."""
+        return self._working_bytes_layer * tokens / (cp or self.cp)
+
+    def stage_params(self, stage: int) -> float:
+        """Parameters one device of pipeline stage ``stage`` holds (all its chunks), sharded by tp."""
+        par = self.config.parallel
+        model = self.model
+        params = 0.0
+        for chunk in range(par.virtual_stages):
+            shape = self.chunk_shape(chunk * par.pp + stage)
+            params += shape.num_layers * model.layer_params()
+            if shape.has_embedding:
+                params += model.embedding_params()
+            if shape.has_head:
+                params += model.hidden + (0 if model.tie_embeddings else model.embedding_params())
+        return params / self.tp
+
+    def model_state_bytes(self, stage: int) -> float:
+        par = self.config.parallel
+        return memory.model_state_bytes(self.stage_params(stage), shard_ranks=par.dp * par.cp,
+                                        distributed_optimizer=self.config.train.distributed_optimizer)
+
+    # ---- communication --------------------------------------------------------------------
+    def p2p_bytes(self, tokens: float, *, cp: int | None = None) -> float:
+        """Bytes one device sends to the next stage for a group (activation; same for its gradient)."""
+        return self._p2p_bytes_per_token * tokens / (cp or self.cp)
+
+    def p2p_time(self, tokens: float, *, from_stage: int, to_stage: int, cp: int | None = None) -> float:
+        par = self.config.parallel
+        stage_ranks = par.dp * par.cp * par.tp
+        gpn = self.config.cluster.gpus_per_node
+        same_node = (from_stage * stage_ranks) // gpn == (to_stage * stage_ranks) // gpn
+        bw, lat = self.config.cluster.link(same_node=same_node)
+        return self.p2p_bytes(tokens, cp=cp) / bw + lat
+
+    def grad_sync_time(self, stage: int) -> float:
+        """Ring all-reduce (or reduce-scatter + all-gather) of a stage's bf16 gradients over dp·cp."""
+        par = self.config.parallel
+        ranks = par.dp * par.cp
+        bw, lat = group_link(self.config.cluster, ranks * par.tp)
+        size = self.stage_params(stage) * memory.GRAD_BYTES
+        return ring_allreduce_time(size, ranks, bw, lat)
+
+    def optimizer_time(self, stage: int) -> float:
+        """Adam step: memory-bound pass over this device's shard of fp32 states, grads and params."""
+        par = self.config.parallel
+        shard = par.dp * par.cp if self.config.train.distributed_optimizer else 1
+        params = self.stage_params(stage) / shard
+        traffic = params * (2 * memory.OPTIMIZER_BYTES + memory.GRAD_BYTES + memory.PARAM_BYTES)
+        return traffic / self.config.cluster.hbm_bandwidth
