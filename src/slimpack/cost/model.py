@@ -106,27 +106,30 @@ class CostModel:
             cp_comm = (cp - 1) * (kv / bw + lat)
         return gemm, attn, tp_comm, cp_comm
 
+    def layer_time(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool, cp: int | None = None) -> float:
+        """Seconds one device spends on one transformer layer's forward (or backward) of a group."""
+        cp = cp or self.cp
+        gemm, attn, tp_comm, cp_comm = self._layer_parts(
+            np.asarray(tokens, dtype=np.int64), np.asarray(prefix, dtype=np.float64), cp)
+        overhead = self.config.efficiency.layer_overhead_s
+        forward = overhead + gemm + max(attn, cp_comm) + tp_comm
+        if not backward:
+            return forward
+        time = (BACKWARD_OVERHEAD_FACTOR * overhead + flops.GEMM_BACKWARD_FACTOR * gemm
+                + max(flops.ATTENTION_BACKWARD_FACTOR * attn, 2.0 * cp_comm) + tp_comm)
+        if self.recompute == "full":
+            time += forward
+        elif self.recompute == "selective":
+            time += attn
+        return time
+
     def group_time(self, tokens: ArrayLike, prefix: ArrayLike, *, virtual_stage: int,
                    backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on the forward (or backward) of a group on a model chunk."""
         cp = cp or self.cp
-        tokens_arr = np.asarray(tokens, dtype=np.int64)
-        prefix_arr = np.asarray(prefix, dtype=np.float64)
-        gemm, attn, tp_comm, cp_comm = self._layer_parts(tokens_arr, prefix_arr, cp)
-        overhead = self.config.efficiency.layer_overhead_s
-        forward = overhead + gemm + max(attn, cp_comm) + tp_comm
-        if not backward:
-            per_layer = forward
-        else:
-            per_layer = (BACKWARD_OVERHEAD_FACTOR * overhead + flops.GEMM_BACKWARD_FACTOR * gemm
-                         + max(flops.ATTENTION_BACKWARD_FACTOR * attn, 2.0 * cp_comm) + tp_comm)
-            if self.recompute == "full":
-                per_layer += forward
-            elif self.recompute == "selective":
-                per_layer += attn
         shape = self.chunk_shape(virtual_stage)
-        time = shape.num_layers * per_layer
-        total = float(tokens_arr.sum())
+        time = shape.num_layers * self.layer_time(tokens, prefix, backward=backward, cp=cp)
+        total = float(np.sum(tokens))
         if shape.has_head and total > 0:
             time += self._head_time(total, cp, backward)
         if shape.has_embedding and total > 0:
@@ -193,10 +196,14 @@ class CostModel:
         """Bytes one device keeps for a group of ``tokens`` tokens from its forward to its backward."""
         cp = cp or self.cp
         shape = self.chunk_shape(virtual_stage)
-        kept = shape.num_layers * self._act_bytes_layer * tokens / cp
+        kept = shape.num_layers * self.layer_activation_bytes(tokens, cp=cp)
         if shape.has_head:
             kept += self._logit_bytes * tokens / cp
         return kept
+
+    def layer_activation_bytes(self, tokens: float, *, cp: int | None = None) -> float:
+        """Bytes one device keeps per transformer layer for ``tokens`` tokens (no stage extras)."""
+        return self._act_bytes_layer * tokens / (cp or self.cp)
 
     def working_bytes(self, tokens: float, *, cp: int | None = None) -> float:
         """Transient bytes while one layer of a group of ``tokens`` tokens runs."""

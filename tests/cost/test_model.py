@@ -1,0 +1,129 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slimpack.config import EfficiencyConfig, ParallelConfig, TrainConfig, build_config
+from slimpack.cost import CostModel
+from slimpack.cost.comm import ring_allreduce_time, ring_gather_time
+from slimpack.cost.memory import activation_bytes_per_token
+
+GIB = 2**30
+
+
+def _plain_cost(**train):
+    # overhead 0 and no size penalty: times reduce to FLOPs / rate
+    eff = EfficiencyConfig(gemm_max=0.5, gemm_half_tokens=0, attention_max=0.25, attention_half_tokens=0,
+                           layer_overhead_s=0)
+    return CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(pp=4),
+                                  train=TrainConfig(**train), efficiency=eff))
+
+
+def test_layer_time_is_flops_over_rate_without_size_effects():
+    cost = _plain_cost(recompute="none")
+    peak = 989.4e12
+    linear = 404_750_336 * 8192
+    attention = 16384 * 8192 * 8193 / 2
+    assert cost.layer_time([8192], [0], backward=False) == pytest.approx(
+        linear / (0.5 * peak) + attention / (0.25 * peak), rel=1e-12)
+    assert cost.layer_time([8192], [0], backward=True) == pytest.approx(
+        2 * linear / (0.5 * peak) + 2.5 * attention / (0.25 * peak), rel=1e-12)
+    # a middle stage runs 8 layers and nothing else
+    assert cost.group_time([8192], [0], virtual_stage=1, backward=False) == pytest.approx(
+        8 * cost.layer_time([8192], [0], backward=False), rel=1e-12)
+
+
+def test_small_slices_run_below_peak():
+    cost = CostModel(build_config(model="llama2-7b"))
+    per_token_small = cost.layer_time([128], [0], backward=False) / 128
+    per_token_large = cost.layer_time([8192], [0], backward=False) / 8192
+    assert per_token_small > 1.5 * per_token_large
+
+
+def test_last_stage_pays_for_the_head_and_first_for_the_embedding():
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(pp=4)))
+    middle = cost.group_time([4096], [0], virtual_stage=1, backward=False)
+    assert cost.group_time([4096], [0], virtual_stage=3, backward=False) > middle * 1.05
+    assert cost.group_time([4096], [0], virtual_stage=0, backward=False) > middle
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9000), st.integers(0, 60000)), min_size=1, max_size=6),
+       st.booleans(), st.sampled_from(["none", "selective", "full"]), st.sampled_from([1, 2, 8]))
+def test_group_time_is_constant_plus_additive_slice_costs(slices, backward, recompute, tp):
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(pp=4, tp=tp),
+                                  train=TrainConfig(recompute=recompute)))
+    tokens, prefix = zip(*slices, strict=True)
+    exact = cost.group_time(tokens, prefix, virtual_stage=1, backward=backward)
+    additive = cost.group_constant(backward=backward) + cost.slice_costs(tokens, prefix, backward=backward).sum()
+    assert additive == pytest.approx(exact, rel=1e-9)
+
+
+def test_context_parallelism_splits_work_and_adds_kv_exchange():
+    one = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8)))
+    two = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, cp=2)))
+    t1 = one.layer_time([131072], [0], backward=False)
+    t2 = two.layer_time([131072], [0], backward=False)
+    assert 0.45 * t1 < t2 < 0.6 * t1
+
+
+def test_activation_bytes_per_token_hand_computed():
+    from slimpack.config import model_preset
+    m = model_preset("llama2-7b")  # h = 4096, f = 11008, MHA
+    # none: 6h (norm in/out x2, Q, attention out) + 2h (K, V) + 3f, in bf16, + fp32 lse per head
+    assert activation_bytes_per_token(m, recompute="none", tp=1, cp=1, sequence_parallel=True) == \
+        (6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4
+    assert activation_bytes_per_token(m, recompute="selective", tp=1, cp=1, sequence_parallel=True) == \
+        (5 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4
+    assert activation_bytes_per_token(m, recompute="full", tp=1, cp=1, sequence_parallel=True) == 4096 * 2
+    sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=True)
+    no_sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=False)
+    assert sp == pytest.approx(((6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4) / 16)
+    assert no_sp == pytest.approx(((2 * 4096 + 2 * 4096 + 3 * 11008) * 2 / 8 + 4 * 4096 * 2 + 4 * 4) / 2)
+
+
+def _peak_1f1b_bytes(cost: CostModel, stage: int, tokens: int) -> float:
+    """Stage `stage` of 1F1B holds pp - stage micro-batches, plus one layer's working set."""
+    pp = cost.config.parallel.pp
+    held = (pp - stage) * cost.activation_bytes(tokens, virtual_stage=stage)
+    return cost.model_state_bytes(stage) + held + cost.working_bytes(tokens)
+
+
+def test_wlb_llm_7b_at_128k_fits_in_80gb_and_naive_layouts_do_not():
+    # WLB-LLM (OSDI'25) trains 7B at 128K context with tp 8, cp 2, pp 4.
+    fitting = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, cp=2, pp=4, dp=2),
+                                     train=TrainConfig(max_context=131072)))
+    usable = fitting.config.cluster.usable_memory_bytes
+    assert max(_peak_1f1b_bytes(fitting, s, 131072) for s in range(4)) < usable
+    for parallel in (ParallelConfig(tp=1, pp=1, dp=64), ParallelConfig(tp=4, pp=1, dp=16),
+                     ParallelConfig(tp=2, pp=4, dp=8)):
+        naive = CostModel(build_config(model="llama2-7b", parallel=parallel,
+                                       train=TrainConfig(max_context=131072, recompute="none")))
+        assert max(_peak_1f1b_bytes(naive, s, 131072) for s in range(parallel.pp)) > usable
+
+
+def test_model_states_follow_zero_accounting():
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=4, dp=4)))
+    from slimpack.config import model_preset
+    m = model_preset("llama2-7b")
+    stage1 = 8 * m.layer_params() / 2
+    assert cost.stage_params(1) == stage1
+    assert cost.model_state_bytes(1) == pytest.approx(stage1 * (2 + 2 + 12 / 4))
+    assert cost.stage_params(0) == (8 * m.layer_params() + 32000 * 4096) / 2
+    assert cost.stage_params(3) == (8 * m.layer_params() + 32000 * 4096 + 4096) / 2
+
+
+def test_ring_collectives_closed_form():
+    assert ring_gather_time(8e9, 8, 400e9, 1e-6) == pytest.approx(7 / 8 * 8e9 / 400e9 + 7e-6)
+    assert ring_allreduce_time(8e9, 8, 400e9, 1e-6) == pytest.approx(2 * (7 / 8 * 8e9 / 400e9 + 7e-6))
+    assert ring_gather_time(8e9, 1, 400e9, 1e-6) == 0
+
+
+def test_p2p_and_grad_sync():
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, dp=2)))
+    # 4096 tokens of hidden 4096 in bf16, sharded by tp under SP; stages sit in different nodes
+    assert cost.p2p_bytes(4096) == 4096 * 4096 * 2 / 8
+    assert cost.p2p_time(4096, from_stage=0, to_stage=1) == pytest.approx(4096 * 4096 * 2 / 8 / 50e9 + 10e-6)
+    size = cost.stage_params(1) * 2
+    assert cost.grad_sync_time(1) == pytest.approx(2 * (0.5 * size / 50e9 + 10e-6))
+    assert np.isfinite(cost.optimizer_time(0)) and cost.optimizer_time(0) > 0
