@@ -1,0 +1,134 @@
+"""The plan checker (``slimpack validate``), also run by the simulator and the runtime.
+
+Checks, from the plan alone: every token of every non-deferred sample is in exactly one forward
+group and exactly one backward group of exactly one pipeline, with the same slice boundaries in
+both; slices of a sample are in forward order across forward groups and in reverse order across
+backward groups; replicas and cp are consistent with the layout; each stage's order runs every
+action once; and the dependency graph has no cycle (no deadlock).
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from slimpack.errors import UserError
+from slimpack.plan.types import Plan, Slice
+from slimpack.schedule.dag import build_graph, topological_order
+from slimpack.schedule.default import default_order
+
+
+class PlanError(UserError):
+    """A plan that is not valid; the message names the offending entry."""
+
+
+def _check_samples(plan: Plan) -> dict[int, int]:
+    lengths: dict[int, int] = {}
+    for i, sample in enumerate(plan.samples):
+        if sample.id in lengths:
+            raise PlanError(f"samples[{i}]: duplicate sample id {sample.id}")
+        if sample.length <= 0:
+            raise PlanError(f"samples[{i}]: sample {sample.id} has length {sample.length}; lengths must be >= 1")
+        lengths[sample.id] = sample.length
+    seen: set[int] = set()
+    for sid in plan.deferred:
+        if sid not in lengths:
+            raise PlanError(f"deferred: sample id {sid} is not among the samples")
+        if sid in seen:
+            raise PlanError(f"deferred: sample id {sid} listed twice")
+        seen.add(sid)
+    return lengths
+
+
+def _check_replicas(plan: Plan) -> None:
+    par = plan.config.parallel
+    owner: dict[int, int] = {}
+    for p, pipe in enumerate(plan.pipelines):
+        if not pipe.replicas:
+            raise PlanError(f"pipelines[{p}]: no replicas")
+        for r in pipe.replicas:
+            if not 0 <= r < par.dp:
+                raise PlanError(f"pipelines[{p}]: replica {r} is out of range 0..{par.dp - 1} (dp={par.dp})")
+            if r in owner:
+                raise PlanError(f"pipelines[{p}]: replica {r} already runs pipelines[{owner[r]}]")
+            owner[r] = p
+        if pipe.cp != par.cp * len(pipe.replicas):
+            raise PlanError(f"pipelines[{p}]: cp={pipe.cp} but {len(pipe.replicas)} merged replica(s) of "
+                            f"layout cp={par.cp} give cp={par.cp * len(pipe.replicas)}")
+        if pipe.formations is not None and len(pipe.formations) != len(pipe.forward):
+            raise PlanError(f"pipelines[{p}]: {len(pipe.formations)} formations for {len(pipe.forward)} forward groups")
+    unused = sorted(set(range(par.dp)) - set(owner))
+    if unused:
+        raise PlanError(f"replica(s) {unused[:8]} run no pipeline (every one of dp={par.dp} replicas must)")
+
+
+def _slices_by_sample(groups: tuple[tuple[Slice, ...], ...], lengths: dict[int, int], deferred: set[int],
+                      where: str) -> dict[int, list[tuple[int, int, int, int]]]:
+    """sample -> [(start, end, group index, position in group)]; range checks on the way."""
+    out: dict[int, list[tuple[int, int, int, int]]] = {}
+    for g, group in enumerate(groups):
+        if not group:
+            raise PlanError(f"{where}[{g}]: empty group")
+        for k, (sid, start, end) in enumerate(group):
+            at = f"{where}[{g}][{k}] = [{sid}, {start}, {end}]"
+            if sid not in lengths:
+                raise PlanError(f"{at}: unknown sample id {sid}")
+            if sid in deferred:
+                raise PlanError(f"{at}: sample {sid} is deferred but scheduled")
+            if not 0 <= start < end <= lengths[sid]:
+                raise PlanError(f"{at}: range is not within [0, {lengths[sid]}) of sample {sid} or is empty")
+            out.setdefault(sid, []).append((start, end, g, k))
+    return out
+
+
+def _check_partition(sid: int, slices: list[tuple[int, int, int, int]], length: int, where: str) -> None:
+    slices = sorted(slices)
+    position = 0
+    for start, end, g, _ in slices:
+        if start < position:
+            raise PlanError(f"{where}: sample {sid} tokens [{start}, {min(end, position)}) appear twice (again in group {g})")
+        if start > position:
+            raise PlanError(f"{where}: sample {sid} tokens [{position}, {start}) are in no group")
+        position = end
+    if position != length:
+        raise PlanError(f"{where}: sample {sid} tokens [{position}, {length}) are in no group")
+
+
+def _check_order(sid: int, slices: list[tuple[int, int, int, int]], *, reverse: bool, where: str) -> None:
+    """Forward: group (and position within a group) increase with start. Backward: groups decrease."""
+    slices = sorted(slices)
+    for (s0, _, g0, k0), (s1, _, g1, k1) in zip(slices, slices[1:], strict=False):
+        ok = (g1 > g0 or (g1 == g0 and k1 > k0)) if not reverse else (g1 < g0 or (g1 == g0 and k1 > k0))
+        if not ok:
+            rule = "in reverse order (later slices first)" if reverse else "in order"
+            raise PlanError(f"{where}: slices of sample {sid} at {s0} (group {g0}) and {s1} (group {g1}) "
+                            f"are not {rule}")
+
+
+def check_plan(plan: Plan, cost: object | None = None) -> None:
+    """Raise ``PlanError`` naming the first problem; return None for a valid plan."""
+    lengths = _check_samples(plan)
+    _check_replicas(plan)
+    deferred = set(plan.deferred)
+    owner: dict[int, int] = {}
+    par = plan.config.parallel
+    for p, pipe in enumerate(plan.pipelines):
+        where = f"pipelines[{p}]"
+        fwd = _slices_by_sample(pipe.forward, lengths, deferred, f"{where}.forward")
+        bwd = _slices_by_sample(pipe.backward, lengths, deferred, f"{where}.backward")
+        for sid in fwd.keys() | bwd.keys():
+            if sid in owner:
+                raise PlanError(f"{where}: sample {sid} is also scheduled in pipelines[{owner[sid]}]")
+            owner[sid] = p
+        for sid, slices in fwd.items():
+            _check_partition(sid, slices, lengths[sid], f"{where}.forward")
+            _check_order(sid, slices, reverse=False, where=f"{where}.forward")
+        for sid, slices in bwd.items():
+            _check_partition(sid, slices, lengths[sid], f"{where}.backward")
+            _check_order(sid, slices, reverse=True, where=f"{where}.backward")
+            if sorted(s[:2] for s in slices) != sorted(s[:2] for s in fwd.get(sid, [])):
+                raise PlanError(f"{where}: sample {sid} is cut into different slices in forward and backward")
+        order = default_order(pipe, plan.config, cost)
+        graph = build_graph(pipe, order, pp=par.pp, chunks=par.virtual_stages, where=where)
+        topological_order(graph, where)
+    missing = sorted(set(lengths) - deferred - set(owner))
+    if missing:
+        raise PlanError(f"sample(s) {missing[:8]} are neither scheduled nor deferred ({len(missing)} in all)")

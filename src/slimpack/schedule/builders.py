@@ -1,0 +1,118 @@
+"""Schedule builders: the per-stage action order of one pipeline. Pure functions of values.
+
+All builders return ``tuple[tuple[Action, ...], ...]`` indexed by pipeline stage (device).
+- ``gpipe``: every forward, then every backward (Huang et al., NeurIPS'19).
+- ``one_f_one_b``: PipeDream-Flush / Megatron 1F1B (Narayanan et al., SC'21): stage s runs
+  pp-s-1 warm-up forwards, then alternates one forward and one backward, then drains.
+- ``interleaved_1f1b``: Megatron's interleaved schedule with v model chunks per stage (ibid., §2.2);
+  bubble (p-1)/(v·m) of the ideal time.
+- ``dependency_aware``: 1F1B generalised to plans whose backward groups differ from the forward
+  groups (asymmetric partitioning) or whose groups hold chained slices of one sample. Before its
+  i-th backward a stage must have run every forward that backward group depends on (``need``), and
+  otherwise keeps the 1F1B count pp-s+i (plus an optional ``lookahead``), within a memory cap.
+  Requiring the same prefix of forwards on every stage makes the order deadlock-free: whatever stage
+  s+1 runs before B_i, stage s has already run it (see tests).
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slimpack.plan.types import Action, Group
+
+Order = tuple[tuple[Action, ...], ...]
+
+
+def gpipe(num_groups: int, pp: int) -> Order:
+    stage = tuple(Action("F", g) for g in range(num_groups)) + tuple(Action("B", g) for g in range(num_groups))
+    return (stage,) * pp
+
+
+def one_f_one_b(num_groups: int, pp: int) -> Order:
+    need = list(range(1, num_groups + 1))
+    return dependency_aware(need, num_forward=num_groups, pp=pp)
+
+
+def backward_needs(forward: Sequence[Group], backward: Sequence[Group]) -> list[int]:
+    """For each backward group i, how many forward groups must have run before B_i on any stage:
+    1 + the last forward group holding a slice of backward groups 0..i (a prefix maximum, because
+    backward groups run in order)."""
+    group_of: dict[tuple[int, int], int] = {}
+    for g, group in enumerate(forward):
+        for s in group:
+            group_of[(s.sample_id, s.start)] = g
+    need, running = [], 0
+    for group in backward:
+        for s in group:
+            running = max(running, group_of[(s.sample_id, s.start)] + 1)
+        need.append(running)
+    return need
+
+
+def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahead: int = 0,
+                     forward_bytes: Sequence[float] | None = None,
+                     backward_freed_bytes: Sequence[float] | None = None,
+                     cap_bytes: float | None = None) -> Order:
+    """Orders for every stage. ``need[i]``: forwards required before backward i (non-decreasing,
+    ending at ``num_forward``). With ``cap_bytes``, a stage stops running extra forwards once the
+    activations in flight (``forward_bytes`` kept per forward group, ``backward_freed_bytes`` released
+    per backward group) would exceed the cap; required forwards are never held back, and no stage
+    runs fewer forwards before B_i than the stage after it (that is what keeps it deadlock-free)."""
+    assert all(a <= b for a, b in zip(need, need[1:], strict=False)), "need must be non-decreasing"
+    assert not need or need[-1] == num_forward, "the last backward needs every forward"
+    counts_after: list[int] = list(need)  # forwards done before each B on the next stage down the line
+    orders: list[tuple[Action, ...]] = []
+    for stage in reversed(range(pp)):
+        actions: list[Action] = []
+        counts: list[int] = []
+        done_f, live = 0, 0.0
+        for i, required in enumerate(need):
+            floor = max(required, counts_after[i])
+            target = min(num_forward, max(floor, pp - stage + i + lookahead))
+            while done_f < target:
+                extra = forward_bytes[done_f] if forward_bytes is not None else 0.0
+                if done_f >= floor and cap_bytes is not None and live + extra > cap_bytes:
+                    break
+                actions.append(Action("F", done_f))
+                live += extra
+                done_f += 1
+            counts.append(done_f)
+            actions.append(Action("B", i))
+            if backward_freed_bytes is not None:
+                live -= backward_freed_bytes[i]
+        actions.extend(Action("F", g) for g in range(done_f, num_forward))
+        orders.append(tuple(actions))
+        counts_after = counts
+    return tuple(reversed(orders))
+
+
+def interleaved_1f1b(num_groups: int, pp: int, chunks: int) -> Order:
+    """Megatron's interleaved 1F1B; needs ``num_groups`` to be a multiple of ``pp`` when chunks > 1."""
+    if chunks == 1:
+        return one_f_one_b(num_groups, pp)
+    assert num_groups % pp == 0, "interleaved 1F1B needs the number of groups to be a multiple of pp"
+    total = num_groups * chunks
+
+    def unit(k: int, backward: bool) -> Action:
+        chunk = (k // pp) % chunks
+        group = (k // (pp * chunks)) * pp + k % pp
+        if backward:
+            return Action("B", group, chunks - 1 - chunk)
+        return Action("F", group, chunk)
+
+    orders = []
+    for stage in range(pp):
+        warmup = min(total, (pp - stage - 1) * 2 + (chunks - 1) * pp)
+        actions = [unit(k, False) for k in range(warmup)]
+        for i in range(total - warmup):
+            actions.append(unit(warmup + i, False))
+            actions.append(unit(i, True))
+        actions.extend(unit(k, True) for k in range(total - warmup, total))
+        orders.append(tuple(actions))
+    return tuple(orders)
+
+
+def order_to_text(order: Order) -> list[str]:
+    """One line per stage, actions separated by spaces (e.g. ``F0 F1 B0 F2 B1 B2``)."""
+    return [" ".join(str(a) for a in stage) for stage in order]

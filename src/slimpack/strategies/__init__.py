@@ -1,0 +1,26 @@
+"""Planning strategies: SlimPack and the baselines, each returning a Plan. No torch.
+
+``STRATEGIES`` maps a ``--strategy`` name to a factory ``Config -> Planner``.
+"""
+
+from __future__ import annotations
+
+from slimpack.config import Config
+from slimpack.errors import UserError
+from slimpack.strategies.base import Planner, PlannerFactory
+from slimpack.strategies.fixed import FixedPlanner
+
+STRATEGIES: dict[str, PlannerFactory] = {
+    "fixed": FixedPlanner,
+}
+
+
+def make_planner(name: str, config: Config) -> Planner:
+    try:
+        factory = STRATEGIES[name]
+    except KeyError:
+        raise UserError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}") from None
+    return factory(config)
+
+
+__all__ = ["STRATEGIES", "Planner", "make_planner"]

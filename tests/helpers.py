@@ -1,0 +1,48 @@
+"""Test doubles and small plan builders shared by the tests."""
+
+from __future__ import annotations
+
+from slimpack.config import Config, ParallelConfig, TrainConfig, build_config
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
+
+
+class UniformCost:
+    """A cost model where every forward takes ``t_f`` per chunk and every backward ``t_b``, with no
+    communication, no stage extras, and one byte kept per token: for closed-form checks."""
+
+    def __init__(self, config: Config, t_f: float = 1.0, t_b: float = 2.0) -> None:
+        self.config = config
+        self.t_f, self.t_b = t_f, t_b
+
+    def group_time(self, tokens, prefix, *, virtual_stage, backward, cp=None):
+        return self.t_b if backward else self.t_f
+
+    def p2p_time(self, tokens, *, from_stage, to_stage, cp=None):
+        return 0.0
+
+    def activation_bytes(self, tokens, *, virtual_stage, cp=None):
+        return float(tokens)
+
+    def working_bytes(self, tokens, *, cp=None):
+        return 0.0
+
+    def model_state_bytes(self, stage):
+        return 0.0
+
+    def grad_sync_time(self, stage):
+        return 0.0
+
+    def optimizer_time(self, stage):
+        return 0.0
+
+
+def config(pp: int = 4, dp: int = 1, vpp: int = 1, model: str = "llama2-7b", **train) -> Config:
+    return build_config(model=model, parallel=ParallelConfig(pp=pp, dp=dp, virtual_stages=vpp),
+                        train=TrainConfig(**train))
+
+
+def one_sample_per_group_plan(cfg: Config, m: int, length: int = 1, order=None) -> Plan:
+    samples = tuple(Sample(id=i, length=length) for i in range(m))
+    groups = tuple((Slice(i, 0, length),) for i in range(m))
+    pipe = PipelinePlan(replicas=(0,), cp=cfg.parallel.cp, forward=groups, backward=groups, order=order)
+    return Plan(config=cfg, strategy="test", samples=samples, pipelines=(pipe,))
