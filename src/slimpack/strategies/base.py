@@ -7,7 +7,7 @@ hold samples back (WLB-LLM's outlier queues) keep their state between steps; the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from slimpack.config import Config
 from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice
@@ -32,6 +32,32 @@ def symmetric_pipeline(replica: int, groups: Sequence[Group], cp: int) -> Pipeli
     """A pipeline on one replica whose backward groups are its forward groups (1F1B by default)."""
     groups = tuple(groups)
     return PipelinePlan(replicas=(replica,), cp=cp, forward=groups, backward=groups)
+
+
+def symmetric_plan(config: Config, strategy: str, step: int, samples: Sequence[Sample],
+                   per_replica: Sequence[Sequence[Group]], info: dict[str, Any],
+                   deferred: Sequence[int] = ()) -> Plan:
+    """A plan whose replica ``r`` runs ``per_replica[r]`` as symmetric groups (1F1B by default)."""
+    pipelines = tuple(symmetric_pipeline(r, groups, config.parallel.cp) for r, groups in enumerate(per_replica))
+    return Plan(config=config, strategy=strategy, step=step, samples=tuple(samples), deferred=tuple(deferred),
+                pipelines=pipelines, info=info)
+
+
+def cut_to_context(batch: Sequence[Sample], context: int) -> list[Sample]:
+    """Documents longer than ``context`` cut into ``context``-token chunks, each a new sample (fresh
+    ids above the batch's largest; chunks do not attend to each other), as the data sampler and TRL's
+    packing do. Samples that fit are returned unchanged."""
+    next_id = max((s.id for s in batch), default=-1) + 1
+    out: list[Sample] = []
+    for sample in batch:
+        if sample.length <= context:
+            out.append(sample)
+            continue
+        for start in range(0, sample.length, context):
+            sid = sample.id if start == 0 else next_id
+            next_id += start > 0
+            out.append(Sample(id=sid, length=min(context, sample.length - start), arrival_step=sample.arrival_step))
+    return out
 
 
 def lpt_assign(loads: Sequence[float], bins: int) -> list[int]:

@@ -1,0 +1,102 @@
+"""Bin-packing and balancing building blocks shared by the baseline strategies.
+
+Pure functions of item lengths (tokens) and weights (predicted cost): they return item indices per
+bin and know nothing of samples, plans or the cost model. Ties are broken by the lower index, so
+every result is deterministic. Must not import torch.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+Bins = list[list[int]]
+
+
+def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> Bins:
+    """Best-fit decreasing (Johnson, 1973): items longest first, each into the bin with the least room
+    left that still holds it, a new bin when none does. This is what TRL's ``pack_dataset(strategy=
+    "bfd")`` does with a segment tree; a sorted list of (room, bin) gives the same bins."""
+    assert all(0 < n <= capacity for n in lengths), "every item must fit an empty bin"
+    bins: Bins = []
+    rooms: list[tuple[int, int]] = []  # (room left, bin), sorted: the first with room >= n is the best fit
+    for item in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[item]
+        pos = bisect_left(rooms, (n, -1))
+        if pos == len(rooms):
+            rooms_left, target = capacity, len(bins)
+            bins.append([])
+        else:
+            rooms_left, target = rooms.pop(pos)
+        bins[target].append(item)
+        insort(rooms, (rooms_left - n, target))
+    return bins
+
+
+def least_loaded_fit(order: Sequence[int], lengths: Sequence[int], weights: Sequence[float],
+                     num_bins: int, capacity: int) -> tuple[Bins, list[int]]:
+    """WLB-LLM's greedy placement (Wang et al., OSDI'25, Algorithm 1): items in ``order`` each go to the
+    bin of least weight if it has room, else to the bin of fewest tokens if that has room, else are
+    left over. Returns the bins and the left-over items (in ``order``)."""
+    load = np.zeros(num_bins)
+    tokens = np.zeros(num_bins, dtype=np.int64)
+    bins: Bins = [[] for _ in range(num_bins)]
+    left: list[int] = []
+    for item in order:
+        n = lengths[item]
+        target = int(np.argmin(load))
+        if tokens[target] + n > capacity:
+            target = int(np.argmin(tokens))
+            if tokens[target] + n > capacity:
+                left.append(item)
+                continue
+        bins[target].append(item)
+        load[target] += weights[item]
+        tokens[target] += n
+    return bins, left
+
+
+def fewest_bins(build: Callable[[int], Bins | None], lengths: Sequence[int], capacity: int,
+                lowest: int) -> Bins:
+    """``build(k)`` for k = lowest, lowest+1, ...: the first result whose every bin holds at most
+    ``capacity`` tokens (``None`` from ``build`` means it failed). Scans upward because fit is not
+    monotone in k for these heuristics; ``build(len(lengths))`` is expected to succeed."""
+    k = max(1, lowest)
+    while True:
+        bins = build(k)
+        if bins is not None and all(sum(lengths[i] for i in b) <= capacity for b in bins):
+            return bins
+        assert k < len(lengths), "one item per bin must fit"
+        k += 1
+
+
+def small_at_ends(weights: Sequence[float]) -> list[int]:
+    """An order of the indices with the heaviest in the middle and weights falling towards both ends,
+    dealt alternately to the left and right half. Under 1F1B the first micro-batches fill the
+    pipeline and the last ones drain it, so light units there shorten warm-up and cool-down (verl's
+    dynamic micro-batch ordering for pipeline parallelism)."""
+    heaviest_first = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+    left, right = heaviest_first[0::2], heaviest_first[1::2]
+    return left[::-1] + right
+
+
+def contiguous_cuts(weights: Sequence[float], parts: int) -> list[range]:
+    """Cut a sequence into ``parts`` contiguous ranges of about equal weight: boundary r sits where
+    the running sum is closest to r/parts of the total. Every range is non-empty when there are at
+    least ``parts`` items; otherwise one item per range and empty ranges last."""
+    n = len(weights)
+    if n <= parts:
+        return [range(min(r, n), min(r + 1, n)) for r in range(parts)]
+    prefix = np.concatenate(([0.0], np.cumsum(np.asarray(weights, dtype=np.float64))))
+    bounds = [0]
+    for r in range(1, parts):
+        goal = prefix[-1] * r / parts
+        cut = int(np.searchsorted(prefix, goal))
+        if cut > 0 and goal - prefix[cut - 1] < prefix[min(cut, n)] - goal:
+            cut -= 1
+        # non-empty ranges: at least one item after the previous cut, one left for each later part
+        bounds.append(min(max(cut, bounds[-1] + 1), n - (parts - r)))
+    bounds.append(n)
+    return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]

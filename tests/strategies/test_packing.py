@@ -1,0 +1,101 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slimpack.strategies.packing import (
+    best_fit_decreasing,
+    contiguous_cuts,
+    fewest_bins,
+    least_loaded_fit,
+    small_at_ends,
+)
+from slimpack.strategies.partition import karmarkar_karp
+
+
+def sums(weights, subsets):
+    return [sum(weights[i] for i in s) for s in subsets]
+
+
+def test_best_fit_decreasing_by_hand():
+    # sorted: 7(1) 6(5) 5(0) 4(4) 3(2) 2(3) 1(6); capacity 10
+    # 7 -> new bin A (room 3); 6 -> new B (room 4); 5 -> new C (room 5);
+    # 4 -> best fit is B (room 4 -> 0); 3 -> A (3 -> 0); 2 -> C (5 -> 3); 1 -> C (3 -> 2)
+    assert best_fit_decreasing([5, 7, 3, 2, 4, 6, 1], 10) == [[1, 2], [5, 4], [0, 3, 6]]
+
+
+def test_best_fit_prefers_the_fullest_bin_that_fits():
+    # 8 opens A (room 2), 6 opens B (room 4), 3 joins B (room 1); the 1 goes to B, the tightest
+    # fit, where first-fit decreasing would put it into A
+    assert best_fit_decreasing([8, 6, 3, 1], 10) == [[0], [1, 2, 3]]
+    assert best_fit_decreasing([], 10) == []
+
+
+def test_least_loaded_fit_falls_back_to_fewest_tokens_then_leaves_over():
+    lengths = [8, 6, 5, 3]
+    weights = [1.0, 9.0, 1.0, 1.0]
+    # 8 -> bin 0 (all empty); 6 -> bin 1 (least load 0); 5 -> least load is bin 0 (1.0) but 8+5 > 10,
+    # fewest tokens is bin 1 (6) and 6+5 > 10: left over; 3 -> bin 0 (load 1 < 9), 8+3 > 10, so the
+    # fewest-token bin 1: 6+3 = 9 fits
+    bins, left = least_loaded_fit(range(4), lengths, weights, 2, 10)
+    assert bins == [[0], [1, 3]]
+    assert left == [2]
+
+
+def test_fewest_bins_scans_upward():
+    calls = []
+
+    def build(k):
+        calls.append(k)
+        return [[0, 1], [2]] if k < 3 else [[0], [1], [2]]
+
+    assert fewest_bins(build, [4, 4, 4], 4, 2) == [[0], [1], [2]]
+    assert calls == [2, 3]
+
+
+def test_small_at_ends_puts_the_heaviest_in_the_middle():
+    order = small_at_ends([1, 2, 3, 4, 5, 6])
+    assert [1 + i for i in order] == [2, 4, 6, 5, 3, 1]
+
+
+def test_contiguous_cuts():
+    assert contiguous_cuts([1] * 10, 3) == [range(0, 3), range(3, 7), range(7, 10)]
+    # the heavy first item fills bucket 0 alone
+    assert contiguous_cuts([10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 11)]
+    assert contiguous_cuts([5], 3) == [range(0, 1), range(1, 1), range(1, 1)]
+
+
+def test_karmarkar_karp_classic_instance():
+    # LDM on {4,5,6,7,8}: 8-7 -> 1, 6-5 -> 1, then 4 against a 1 -> 3, then 3 against 1 -> 2.
+    # Final difference 2 ({4,5,7} = 16 vs {6,8} = 14), although {4,5,6} / {7,8} reaches 0: the
+    # textbook example of LDM not being optimal.
+    weights = [4, 5, 6, 7, 8]
+    parts = karmarkar_karp(weights, 2)
+    assert parts == [[0, 1, 3], [2, 4]]
+    assert sums(weights, parts) == [16, 14]
+    # equal counts: a zero placeholder joins the first deal (0,4); (5,6); (7,8) -> same sets, 3 and 2 items
+    assert karmarkar_karp(weights, 2, equal_count=True) == [[0, 1, 3], [2, 4]]
+
+
+def test_karmarkar_karp_three_way():
+    weights = [8, 7, 6, 5, 4, 3, 2, 1]  # total 36: a perfect 12/12/12 split exists and LDM finds it
+    assert sums(weights, karmarkar_karp(weights, 3)) == [12, 12, 12]
+    equal = karmarkar_karp(weights, 3, equal_count=True)
+    assert sorted(len(s) for s in equal) == [2, 3, 3]
+
+
+@given(st.lists(st.integers(1, 1000), max_size=40), st.integers(1, 7), st.booleans())
+def test_karmarkar_karp_is_a_partition(weights, k, equal_count):
+    parts = karmarkar_karp(weights, k, equal_count=equal_count)
+    assert len(parts) == k
+    assert sorted(i for p in parts for i in p) == list(range(len(weights)))
+    if equal_count:
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1
+
+
+@given(st.lists(st.integers(1, 100), max_size=60))
+def test_best_fit_decreasing_is_a_partition_under_capacity(lengths):
+    bins = best_fit_decreasing(lengths, 100)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= 100 for b in bins)
+    # best fit never leaves two bins that could be merged with both at most half full
+    assert sum(1 for b in bins if sum(lengths[i] for i in b) <= 50) <= 1
