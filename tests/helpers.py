@@ -46,3 +46,21 @@ def one_sample_per_group_plan(cfg: Config, m: int, length: int = 1, order=None) 
     groups = tuple((Slice(i, 0, length),) for i in range(m))
     pipe = PipelinePlan(replicas=(0,), cp=cfg.parallel.cp, forward=groups, backward=groups, order=order)
     return Plan(config=cfg, strategy="test", samples=samples, pipelines=(pipe,))
+
+
+def synthetic_batch(seed: int, num_tokens: int, max_context: int, *, first_id: int = 0, step: int = 0) -> list[Sample]:
+    """Long-tailed document lengths (lognormal body, Pareto tail), cut into context-length chunks as
+    the data sampler does, until ``num_tokens`` tokens."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    samples: list[Sample] = []
+    total = 0
+    while total < num_tokens:
+        body = rng.lognormal(mean=7.0, sigma=1.2)
+        length = int(body if rng.random() > 0.08 else 4096 * (1.0 + rng.pareto(1.1)))
+        for start in range(0, max(1, length), max_context):
+            n = max(1, min(max_context, length - start))
+            samples.append(Sample(id=first_id + len(samples), length=n, arrival_step=step))
+            total += n
+    return samples

@@ -8,10 +8,20 @@ from __future__ import annotations
 from slimpack.config import Config
 from slimpack.errors import UserError
 from slimpack.strategies.base import Planner, PlannerFactory
+from slimpack.strategies.bfd import BFDPlanner
+from slimpack.strategies.bytescale import ByteScalePlanner
 from slimpack.strategies.fixed import FixedPlanner
+from slimpack.strategies.kk import KKPlanner
+from slimpack.strategies.slimpipe import SlimPipePlanner
+from slimpack.strategies.wlb import WLBPlanner
 
 STRATEGIES: dict[str, PlannerFactory] = {
     "fixed": FixedPlanner,
+    "bfd": BFDPlanner,
+    "kk": KKPlanner,
+    "wlb": WLBPlanner,
+    "slimpipe": SlimPipePlanner,
+    "bytescale": ByteScalePlanner,
 }
 
 

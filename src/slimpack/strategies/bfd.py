@@ -1,0 +1,37 @@
+"""``bfd``: best-fit-decreasing packing to the context length, what TRL's ``pack_dataset`` does.
+
+Documents sorted longest first each go into the fullest bin (packed sequence) that still has room
+for them, a new bin when none has (``packing.best_fit_decreasing``); documents longer than the
+context are first cut into context-length chunks. One bin is one micro-batch. Bins are spread over
+the data-parallel replicas by token count, longest-processing-time first (``lpt_assign``), and run
+1F1B in the order they were opened. Packing balances tokens, not time: that is the baseline's point.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slimpack.config import Config
+from slimpack.plan.types import Group, Plan, Sample
+from slimpack.strategies.base import cut_to_context, lpt_assign, symmetric_plan, whole
+from slimpack.strategies.packing import best_fit_decreasing
+
+
+class BFDPlanner:
+    name = "bfd"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
+        context = self.config.train.max_context
+        samples = cut_to_context(batch, context)
+        bins = best_fit_decreasing([s.length for s in samples], context)
+        tokens = [sum(samples[i].length for i in b) for b in bins]
+        owner = lpt_assign(tokens, self.config.parallel.dp)
+        per_replica: list[list[Group]] = [[] for _ in range(self.config.parallel.dp)]
+        for b, items in enumerate(bins):
+            per_replica[owner[b]].append(tuple(whole(samples[i]) for i in items))
+        return symmetric_plan(self.config, self.name, step, samples, per_replica,
+                              {"num_bins": len(bins), "fill": sum(tokens) / (len(bins) * context) if bins else 0.0})

@@ -1,0 +1,169 @@
+"""``wlb``: WLB-LLM (Wang et al., OSDI'25, "WLB-LLM: Workload-Balanced 4D Parallelism for Large
+Language Model Training", arXiv 2503.17924).
+
+Per step:
+1. **Outlier delay** (§4.2): documents at least ``outlier_lengths[i]`` long (the largest such i) wait
+   in queue i; a queue that holds one document per micro-batch releases that many (oldest first),
+   so the step that gets them gives every micro-batch one outlier. A call with an empty batch means
+   the stream has ended and releases every queue.
+2. **Var-length packing** (§4.1, Algorithm 1): the documents to pack (left-overs of the previous
+   step first in line, then the new ones and any released outliers) sorted longest first each go to
+   the micro-batch of least predicted latency if it has room under ``s_max`` tokens, else to the one
+   of fewest tokens if that has room, else wait for the next step (``packing.least_loaded_fit``).
+   Predicted latency is the cost model's forward + backward time of a middle stage (linear and
+   attention terms). The number of micro-batches is fixed per step: the new tokens of the step
+   (plus left-overs) over ``tokens_per_micro_batch`` per micro-batch, rounded up, the same on every
+   replica; micro-batches go to replicas in equal numbers balanced on latency (Karmarkar–Karp).
+3. **CP sharding** (§5), when cp > 1: per micro-batch, the predicted time of per-document sharding
+   (every document split over the cp ranks: the cost model's own CP semantics) against per-sequence
+   sharding (the packed sequence cut into 2·cp chunks, rank r holding chunks r and 2cp-1-r); the
+   faster is recorded in ``info["cp_sharding"]``. A Plan cannot say which sharding a group uses, so
+   the simulator charges every group as per-document sharded (see docs/strategies.md).
+Delayed and left-over samples are the plan's ``deferred``; the planner keeps them and puts them back
+in a later step's ``samples`` with their original ``arrival_step``. Must not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+
+import numpy as np
+
+from slimpack.config import Config
+from slimpack.cost import CostModel
+from slimpack.errors import UserError
+from slimpack.plan.types import Group, Plan, Sample
+from slimpack.strategies.base import symmetric_plan, whole
+from slimpack.strategies.packing import least_loaded_fit
+from slimpack.strategies.partition import karmarkar_karp
+
+OUTLIER_MULTIPLES = (1.0, 2.0)
+"""Default queue levels: a document is an outlier of level i when it alone costs at least this many
+times a micro-batch of short documents (``REFERENCE_DOC_TOKENS`` each) with the same token count."""
+REFERENCE_DOC_TOKENS = 1024
+
+
+def memory_token_cap(cost: CostModel) -> int:
+    """Most tokens a micro-batch may hold so that plain 1F1B fits in memory: stage s keeps the
+    activations of pp - s micro-batches (all its model chunks) plus one layer's working set, on top
+    of its model states."""
+    config = cost.config
+    pp, chunks = config.parallel.pp, config.parallel.virtual_stages
+    cap = math.inf
+    for stage in range(pp):
+        kept = sum(cost.activation_bytes(1.0, virtual_stage=c * pp + stage) for c in range(chunks))
+        per_token = (pp - stage) * kept + cost.working_bytes(1.0)
+        cap = min(cap, (config.cluster.usable_memory_bytes - cost.model_state_bytes(stage)) / per_token)
+    return max(0, int(cap))
+
+
+def sequence_shards(lengths: Sequence[int], cp: int) -> list[tuple[list[int], list[int]]]:
+    """Per-sequence CP sharding of a packed sequence (Megatron-LM's load-balanced layout): 2·cp equal
+    chunks, rank r holding chunks r and 2cp-1-r. Per rank, the (tokens, prefix) of its document
+    pieces; a piece's prefix is where it starts in its document (its attention looks back that far)."""
+    total = sum(lengths)
+    bounds = [total * j // (2 * cp) for j in range(2 * cp + 1)]
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    shards = []
+    for rank in range(cp):
+        tokens: list[int] = []
+        prefix: list[int] = []
+        for chunk in (rank, 2 * cp - 1 - rank):
+            a, b = bounds[chunk], bounds[chunk + 1]
+            for doc, n in enumerate(lengths):
+                lo, hi = max(a, int(starts[doc])), min(b, int(starts[doc]) + n)
+                if lo < hi:
+                    tokens.append(hi - lo)
+                    prefix.append(lo - int(starts[doc]))
+        shards.append((tokens, prefix))
+    return shards
+
+
+class WLBPlanner:
+    name = "wlb"
+
+    def __init__(self, config: Config, *, s_max: int | None = None,
+                 outlier_lengths: Sequence[int] | None = None,
+                 tokens_per_micro_batch: int | None = None) -> None:
+        self.config = config
+        self.cost = CostModel(config)
+        context = config.train.max_context
+        align = config.planner.slice_align
+        # a micro-batch must at least take one context-length document, whatever memory says
+        self.s_max = s_max or max(context, memory_token_cap(self.cost) // align * align)
+        self.tokens_per_micro_batch = tokens_per_micro_batch or context
+        if outlier_lengths is None:
+            outlier_lengths = self._default_outlier_lengths()
+        self.outlier_lengths = tuple(sorted(outlier_lengths))
+        self.queues: list[list[Sample]] = [[] for _ in self.outlier_lengths]
+        self.carry: list[Sample] = []
+
+    def latency(self, lengths: Sequence[int]) -> np.ndarray:
+        """Predicted forward + backward seconds of whole documents on a middle stage."""
+        zeros = np.zeros(len(lengths))
+        return (self.cost.slice_costs(lengths, zeros, backward=False)
+                + self.cost.slice_costs(lengths, zeros, backward=True))
+
+    def _default_outlier_lengths(self) -> list[int]:
+        align = self.config.planner.slice_align
+        grid = np.arange(align, self.config.train.max_context + 1, align)
+        cost = self.latency(grid)
+        reference = self.tokens_per_micro_batch / REFERENCE_DOC_TOKENS * self.latency([REFERENCE_DOC_TOKENS])[0]
+        found = np.searchsorted(cost, [m * reference for m in OUTLIER_MULTIPLES])  # cost rises with length
+        return sorted({int(grid[i]) for i in found if i < len(grid)})
+
+    def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
+        context = self.config.train.max_context
+        for s in batch:
+            if s.length > context:
+                raise UserError(f"wlb: sample {s.id} has {s.length} tokens, above max_context={context}; "
+                                "cut documents to the context before planning (the data sampler does)")
+        dp = self.config.parallel.dp
+        waiting = [s for queue in self.queues for s in queue]
+        previous = waiting + self.carry
+        pack = list(self.carry)
+        nominal = sum(s.length for s in pack) + sum(s.length for s in batch)
+        for s in batch:
+            level = bisect_right(self.outlier_lengths, s.length) - 1
+            (self.queues[level] if level >= 0 else pack).append(s)
+        if not batch:  # the stream has ended: nothing will come to fill the queues
+            nominal += sum(s.length for s in waiting)
+        num_micro_batches = dp * math.ceil(nominal / (dp * self.tokens_per_micro_batch))
+        for queue in self.queues:
+            full = 0 < num_micro_batches <= len(queue)
+            take = len(queue) if not batch else (num_micro_batches if full else 0)
+            pack.extend(queue[:take])
+            del queue[:take]
+        lengths = [s.length for s in pack]
+        weights = self.latency(lengths)
+        order = sorted(range(len(pack)), key=lambda i: (-lengths[i], pack[i].id))
+        bins, left = least_loaded_fit(order, lengths, weights, num_micro_batches, self.s_max)
+        self.carry = [pack[i] for i in left]
+        bins = [b for b in bins if b]
+        owner = karmarkar_karp([float(weights[b].sum()) for b in bins], dp, equal_count=True)
+        per_replica: list[list[Group]] = [[tuple(whole(pack[i]) for i in bins[j]) for j in mine] for mine in owner]
+        deferred = [s.id for s in self.carry] + [s.id for queue in self.queues for s in queue]
+        held = set(deferred)
+        scheduled = [s for s in pack if s.id not in held]
+        info = {"s_max": self.s_max, "outlier_lengths": list(self.outlier_lengths),
+                "micro_batches": num_micro_batches, "queued": [len(q) for q in self.queues],
+                "max_delay_steps": max((step - s.arrival_step for s in scheduled), default=0)}
+        if self.config.parallel.cp > 1:
+            info["cp_sharding"] = [[self._cp_choice(g) for g in groups] for groups in per_replica]
+        return symmetric_plan(self.config, self.name, step, previous + list(batch), per_replica, info, deferred)
+
+    def _cp_choice(self, group: Group) -> str:
+        """``"document"`` or ``"sequence"``: the CP sharding with the lower predicted time (§5)."""
+        cost, cp = self.cost, self.config.parallel.cp
+        middle = (self.config.parallel.pp * self.config.parallel.virtual_stages) // 2
+
+        def time(tokens: Sequence[int], prefix: Sequence[int], shards: int) -> float:
+            return sum(cost.group_time(tokens, prefix, virtual_stage=middle, backward=b, cp=shards)
+                       for b in (False, True))
+
+        lengths = [s.tokens for s in group]
+        per_document = time(lengths, [0] * len(lengths), cp)
+        per_sequence = max(time(t, p, 1) for t, p in sequence_shards(lengths, cp))
+        return "document" if per_document <= per_sequence else "sequence"
