@@ -9,9 +9,11 @@ from slimpack.config import Config
 from slimpack.errors import UserError
 from slimpack.strategies.base import Planner, PlannerFactory
 from slimpack.strategies.fixed import FixedPlanner
+from slimpack.strategies.slimpack import SlimPackPlanner
 
 STRATEGIES: dict[str, PlannerFactory] = {
     "fixed": FixedPlanner,
+    "slimpack": SlimPackPlanner,
 }
 
 
