@@ -21,11 +21,12 @@ from collections.abc import Sequence
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
-from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
 from slimpack.schedule.builders import backward_needs, dependency_aware
 from slimpack.schedule.default import activation_cap_bytes
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
+from slimpack.strategies.slimpack.milp import MilpResult, rebalance
 from slimpack.strategies.slimpack.partition import CutRules, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
 
@@ -65,12 +66,30 @@ class SlimPackPlanner:
         return max(1, -(-int(per_replica) // max(1, int(self.cap))))
 
     # ---- phase 2 --------------------------------------------------------------------------
-    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], num_groups: int, lookahead: int) -> PipelinePlan:
+    def _group_cost(self, group: Sequence[Slice], *, backward: bool) -> float:
+        return self.cost.group_constant(backward=backward) + sum(
+            self.cost.slice_cost(tokens, prefix, backward=backward) for tokens, prefix in segments(group))
+
+    def _refine(self, groups: list[list[Slice]], *, backward: bool, stats: list[MilpResult]) -> list[list[Slice]]:
+        result = rebalance(groups, lambda g: self._group_cost(g, backward=backward),
+                           lambda s: self.cost.slice_cost(s.tokens, s.start, backward=backward),
+                           time_limit_s=self.config.planner.milp_time_limit_s)
+        stats.append(result)
+        return result.groups
+
+    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], num_groups: int, lookahead: int,
+                  milp: list[MilpResult] | None = None) -> PipelinePlan:
+        """The pipeline's groups and order; with ``milp`` (a list collecting solver results) the
+        heuristic groups are refined by the MILP."""
         members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
         pieces = [Slice(s.id, 0, s.length) for s in members]
         forward = cut_into_groups(pieces, num_groups, self._forward_cost, self.rules)
+        if milp is not None:
+            forward = self._refine(forward, backward=False, stats=milp)
         if self.config.planner.use_asymmetric:
             fwd, bwd = asymmetric_groups(forward, len(forward), self._backward_cost, self.rules)
+            if milp is not None:
+                bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, stats=milp))
         else:
             fwd = tuple(tuple(g) for g in forward)
             bwd = symmetric_backward(fwd)
@@ -150,9 +169,21 @@ class SlimPackPlanner:
                 best = (rank, bins, num_groups, lookahead, share, len(merges))
         assert best is not None
         _, bins, num_groups, lookahead, share, num_merged = best
-        pipelines = tuple(self._pipeline(b, samples, num_groups, lookahead) for b in bins)
+        milp: list[MilpResult] | None = [] if knobs.use_milp else None
+        pipelines = tuple(self._pipeline(b, samples, num_groups, lookahead, milp) for b in bins)
         info = {"num_groups": num_groups, "lookahead": lookahead, "merge_share": share,
                 "merged_pipelines": num_merged, "candidates": tried,
-                "planner_time_s": time.perf_counter() - began}
+                "milp": _milp_summary(milp), "planner_time_s": time.perf_counter() - began}
         return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=pipelines, info=info)
+
+
+def _milp_summary(results: list[MilpResult] | None) -> dict | None:
+    """How the MILP refinement went over all pipelines (None when it is switched off)."""
+    if results is None:
+        return None
+    statuses = [r.status for r in results]
+    before = sum(r.before for r in results)
+    after = sum(r.after for r in results)
+    return {status: statuses.count(status) for status in sorted(set(statuses))} | {
+        "overload_before_s": before, "overload_after_s": after}
