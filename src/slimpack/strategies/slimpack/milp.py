@@ -49,7 +49,13 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     for g, group in enumerate(groups):
         for s in group:
             owner.setdefault(s.sample_id, set()).add(g)
-    movable = [(g, s) for g, group in enumerate(groups) for s in group if len(owner[s.sample_id]) == 1]
+    # a sample wholly inside one group moves as one unit (all its slices there, in order)
+    units: dict[int, list[Slice]] = {}
+    for group in groups:
+        for s in group:
+            if len(owner[s.sample_id]) == 1:
+                units.setdefault(s.sample_id, []).append(s)
+    movable = [(next(iter(owner[sid])), tuple(slices)) for sid, slices in units.items()]
     total = sum(group_cost(g) for g in groups)
     mean = total / len(groups)
 
@@ -65,7 +71,7 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     for j, (home, _) in enumerate(movable):
         for g in range(max(0, home - window), min(num_groups, home + window + 1)):
             cols.append((j, g))
-    costs = np.array([slice_cost(s) for _, s in movable])
+    costs = np.array([sum(slice_cost(s) for s in unit) for _, unit in movable])
     h = highspy.Highs()
     for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
                           ("time_limit", time_limit_s), ("mip_max_nodes", node_limit), ("mip_heuristic_effort", 0.3)):
@@ -105,9 +111,9 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     if len(values) != num_x + num_groups:
         return MilpResult([list(g) for g in groups], "failed", before, before)
     new_groups: list[list[Slice]] = [[s for s in group if len(owner[s.sample_id]) > 1] for group in groups]
-    for j, (_, s) in enumerate(movable):
+    for j, (_, unit) in enumerate(movable):
         target = max(by_item[j], key=lambda c: (values[c], -abs(cols[c][1] - movable[j][0])))
-        new_groups[cols[target][1]].append(s)
+        new_groups[cols[target][1]].extend(unit)
     after = overload(new_groups) if all(new_groups) else float("inf")
     if after >= before * (1 - 1e-9):
         return MilpResult([list(g) for g in groups], "kept", before, before)

@@ -63,12 +63,24 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
     """Cut ``pieces`` (in order) into at most ``num_groups`` non-empty groups of equal cost, or of
     cost proportional to ``weights`` when given. With ``from_end`` a piece that is cut gives its
     later tokens to the current group (backward consumes a sample's tokens from the end). Fewer
-    groups come back only when there are too few pieces to fill them."""
+    groups come back only when there are too few pieces to fill them.
+
+    Cutting a piece makes its parts cost a little more than the whole (small slices run less
+    efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
+    pass with the first pass's actual total removes that drift."""
     assert num_groups >= 1
+    first = _cut(pieces, num_groups, cost, rules, from_end, weights, None)
+    actual = sum(cost(s.end - s.start, s.start) for group in first for s in group)
+    return _cut(pieces, num_groups, cost, rules, from_end, weights, actual)
+
+
+def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, from_end: bool,
+         weights: Sequence[float] | None, total: float | None) -> list[list[Slice]]:
     weights = list(weights) if weights is not None else [1.0] * num_groups
     queue = list(pieces)
     queue.reverse()  # pop() from the end = next piece in order
-    remaining = sum(cost(p.end - p.start, p.start) for p in queue)
+    # what the groups still to form should cost together (estimated from whole pieces in pass 1)
+    remaining = sum(cost(p.end - p.start, p.start) for p in queue) if total is None else total
     groups: list[list[Slice]] = []
     for g in range(num_groups):
         if not queue:
@@ -100,7 +112,7 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
             if cut_gap < min(leave_gap, take_gap):
                 queue[-1] = kept
                 group.append(taken)
-                remaining += cost(kept.tokens, kept.start) - whole
+                remaining -= cost(taken.tokens, taken.start)
             elif take_gap < leave_gap:
                 group.append(queue.pop())
                 remaining -= whole

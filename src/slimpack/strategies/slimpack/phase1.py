@@ -32,21 +32,19 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     if merge_share is None or dp == 1:
         return []
     share = sum(costs) / dp
-    merges, used = [], 0
-    for item in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+    merges: list[tuple[int, int]] = []
+    used = 0
+    # memory-bound items first (they cannot run otherwise), then outliers by cost
+    by_need = sorted(range(len(costs)), key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
+    for item in by_need:
         ways = max(min_ways[item], math.ceil(costs[item] / (merge_share * share)))
-        if ways <= 1:
-            break  # sorted by cost, but a memory-bound item may come later: check them too
         ways = min(ways, dp - used)
         if ways <= 1:
-            break
+            if min_ways[item] > 1:
+                continue  # no replicas left for it: it stays on one and the simulator reports OOM
+            break  # sorted by cost: no later item is an outlier
         merges.append((item, ways))
         used += ways
-    done = {i for i, _ in merges}
-    for item in range(len(costs)):
-        if item not in done and min_ways[item] > 1 and dp - used >= min_ways[item]:
-            merges.append((item, min_ways[item]))
-            used += min_ways[item]
     return merges
 
 

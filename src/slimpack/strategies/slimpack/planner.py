@@ -82,6 +82,10 @@ class SlimPackPlanner:
         """The pipeline's groups and order; with ``milp`` (a list collecting solver results) the
         heuristic groups are refined by the MILP."""
         members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
+        cp = self.config.parallel.cp * len(bin_.replicas)
+        if not members:  # more replicas than samples: this one only joins the gradient all-reduce
+            return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
+                                order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
         forward = cut_into_groups(pieces, num_groups, self._forward_cost, self.rules)
         if milp is not None:
@@ -93,7 +97,6 @@ class SlimPackPlanner:
         else:
             fwd = tuple(tuple(g) for g in forward)
             bwd = symmetric_backward(fwd)
-        cp = self.config.parallel.cp * len(bin_.replicas)
         per_token = self.cost.activation_bytes(1.0, virtual_stage=0, cp=cp)
         order = dependency_aware(
             backward_needs(fwd, bwd), num_forward=len(fwd), pp=self.config.parallel.pp, lookahead=lookahead,
