@@ -178,3 +178,10 @@ def test_config_validation_and_from_train():
     sampler = GlobalBatchSampler(np.array([5]), SamplerConfig(global_batch_tokens=8, max_context=8))
     with pytest.raises(UserError, match="step must be a non-negative integer"):
         sampler.batch_at(-1)
+
+
+def test_step_accepts_numpy_integers_only():
+    sampler = GlobalBatchSampler(np.array([5, 6]), SamplerConfig(global_batch_tokens=8, max_context=8))
+    assert sampler.batch_at(np.int64(1)) == sampler.batch_at(1)
+    with pytest.raises(UserError, match="step must be a non-negative integer, got 1.5"):
+        sampler.batch_at(1.5)  # type: ignore[arg-type]

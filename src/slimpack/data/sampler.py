@@ -26,6 +26,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -151,7 +152,11 @@ class GlobalBatchSampler:
 
     def batch_at(self, step: int) -> Batch:
         """The batch of optimizer step ``step`` (>= 0); same dataset + config + step => same batch."""
-        if not isinstance(step, int) or step < 0:
+        try:
+            step = operator.index(step)  # accepts numpy integers; rejects floats and strings
+        except TypeError:
+            raise UserError(f"step must be a non-negative integer, got {step!r}") from None
+        if step < 0:
             raise UserError(f"step must be a non-negative integer, got {step!r}")
         while len(self._ends) <= step + 1:
             self._ends.append(self._next_end(self._ends[-1]))
