@@ -69,6 +69,8 @@ class CostModel:
             model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
         self._logit_bytes = memory.logits_bytes_per_token(model, tp=par.tp, cp=1)
         # bytes of the hidden state per token on one device (sharded by tp under SP)
+        self._attn_half = eff.attention_half_tokens
+        self._coefficients = {b: self._additive_coefficients(b) for b in (False, True)}
         hidden_bytes = model.hidden * model.dtype_bytes
         self._p2p_bytes_per_token = hidden_bytes / par.tp if par.sequence_parallel else hidden_bytes
 
@@ -90,7 +92,7 @@ class CostModel:
         gemm = self._lin / shards / self._gemm_rate * (total + cp * eff.gemm_half_tokens)
         tok = tokens.astype(np.float64)
         pairs = tok * prefix + tok * (tok + 1.0) / 2.0
-        local = np.maximum(tok / cp, 1.0)
+        local = tok / cp
         attn = float(np.sum(pairs * (local + eff.attention_half_tokens) / local))
         attn *= self._attn_per_pair / shards / self._attn_rate
         tp_comm = 0.0
@@ -148,31 +150,40 @@ class CostModel:
         size = total / cp * self.model.hidden * self.model.dtype_bytes
         return 2 * size / self.config.cluster.hbm_bandwidth
 
-    def slice_costs(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool) -> np.ndarray:
-        """Additive part of each slice's time on a middle chunk (no embedding/head), cp = layout cp.
-        ``group_constant(backward) + slice_costs(...).sum()`` equals ``group_time`` when cp == 1."""
-        tok = np.asarray(tokens, dtype=np.float64)
-        pre = np.asarray(prefix, dtype=np.float64)
-        eff = self.config.efficiency
+    def _additive_coefficients(self, backward: bool) -> tuple[float, float]:
+        """(seconds per token, seconds per attention pair at full efficiency) of a middle chunk."""
         shards = self.tp * self.cp
-        gemm = self._lin / shards / self._gemm_rate * tok
-        pairs = tok * pre + tok * (tok + 1.0) / 2.0
-        local = np.maximum(tok / self.cp, 1.0)
-        attn = pairs * (local + eff.attention_half_tokens) / local * self._attn_per_pair / shards / self._attn_rate
-        tp_comm = np.zeros_like(tok)
+        gemm = self._lin / shards / self._gemm_rate
+        attn = self._attn_per_pair / shards / self._attn_rate
+        tp_comm = 0.0
         if self.tp > 1:
             bw, _ = self.config.cluster.link(same_node=True)
-            per_token = (self.tp - 1) / self.tp * self.model.hidden * self.model.dtype_bytes / self.cp / bw
-            tp_comm = TP_COLLECTIVES_PER_LAYER * per_token * tok
-        if backward:
-            per_layer = flops.GEMM_BACKWARD_FACTOR * gemm + flops.ATTENTION_BACKWARD_FACTOR * attn + tp_comm
-            if self.recompute == "full":
-                per_layer = per_layer + gemm + attn + tp_comm
-            elif self.recompute == "selective":
-                per_layer = per_layer + attn
+            size = self.model.hidden * self.model.dtype_bytes / self.cp
+            tp_comm = TP_COLLECTIVES_PER_LAYER * (self.tp - 1) / self.tp * size / bw
+        if not backward:
+            per_token, per_pair = gemm + tp_comm, attn
         else:
-            per_layer = gemm + attn + tp_comm
-        return self.layers_per_chunk * per_layer
+            per_token = flops.GEMM_BACKWARD_FACTOR * gemm + tp_comm
+            per_pair = flops.ATTENTION_BACKWARD_FACTOR * attn
+            if self.recompute == "full":
+                per_token, per_pair = per_token + gemm + tp_comm, per_pair + attn
+            elif self.recompute == "selective":
+                per_pair += attn
+        return self.layers_per_chunk * per_token, self.layers_per_chunk * per_pair
+
+    def slice_cost(self, tokens: float, prefix: float, *, backward: bool) -> float:
+        """Additive part of one slice's time on a middle chunk (no embedding/head), cp = layout cp;
+        ``tokens`` >= 1. Plain arithmetic, so it also accepts numpy arrays (see ``slice_costs``)."""
+        per_token, per_pair = self._coefficients[backward]
+        local = tokens / self.cp
+        pairs = tokens * prefix + tokens * (tokens + 1.0) / 2.0
+        return per_token * tokens + per_pair * pairs * (local + self._attn_half) / local
+
+    def slice_costs(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool) -> np.ndarray:
+        """``slice_cost`` of each slice. ``group_constant(backward) + slice_costs(...).sum()`` equals
+        ``group_time`` on a middle chunk when cp == 1."""
+        return self.slice_cost(np.asarray(tokens, dtype=np.float64), np.asarray(prefix, dtype=np.float64),
+                               backward=backward)
 
     def group_constant(self, *, backward: bool) -> float:
         """Per-group part of a middle chunk's time that does not grow with tokens (see slice_costs)."""

@@ -27,6 +27,21 @@ class Slice(NamedTuple):
 
 
 Group = tuple[Slice, ...]
+
+
+def segments(group: tuple[Slice, ...] | list[Slice]) -> list[tuple[int, int]]:
+    """(tokens, prefix) of the attention segments a group runs: contiguous slices of one sample
+    listed next to each other form one segment (one varlen entry, one kernel tile schedule)."""
+    out: list[tuple[int, int]] = []
+    last: Slice | None = None
+    for s in group:
+        if last is not None and s.sample_id == last.sample_id and s.start == last.end:
+            tokens, prefix = out[-1]
+            out[-1] = (tokens + s.end - s.start, prefix)
+        else:
+            out.append((s.end - s.start, s.start))
+        last = s
+    return out
 Formation = Literal["slim", "mix", "pack"]
 
 

@@ -9,7 +9,8 @@ All builders return ``tuple[tuple[Action, ...], ...]`` indexed by pipeline stage
 - ``dependency_aware``: 1F1B generalised to plans whose backward groups differ from the forward
   groups (asymmetric partitioning) or whose groups hold chained slices of one sample. Before its
   i-th backward a stage must have run every forward that backward group depends on (``need``), and
-  otherwise keeps the 1F1B count pp-s+i (plus an optional ``lookahead``), within a memory cap.
+  otherwise keeps the 1F1B count pp-s+i; an optional ``lookahead`` lets it run that many more
+  forwards (so a stage keeps busy while a sliced sample's chain drains), within a memory cap.
   Requiring the same prefix of forwards on every stage makes the order deadlock-free: whatever stage
   s+1 runs before B_i, stage s has already run it (see tests).
 Must not import torch.
@@ -69,7 +70,7 @@ def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahea
         done_f, live = 0, 0.0
         for i, required in enumerate(need):
             floor = max(required, counts_after[i])
-            target = min(num_forward, max(floor, pp - stage + i + lookahead))
+            target = min(num_forward, max(floor, pp - stage + i) + lookahead)
             while done_f < target:
                 extra = forward_bytes[done_f] if forward_bytes is not None else 0.0
                 if done_f >= floor and cap_bytes is not None and live + extra > cap_bytes:

@@ -21,18 +21,18 @@ import numpy as np
 
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.plan.check import check_plan
-from slimpack.plan.types import Group, PipelinePlan, Plan
+from slimpack.plan.types import Group, PipelinePlan, Plan, segments
 from slimpack.schedule.dag import P2P, build_graph, topological_order
 from slimpack.schedule.default import default_order
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
 
-def _group_arrays(groups: Sequence[Group], lengths: dict[int, int]) -> list[tuple[np.ndarray, np.ndarray, int]]:
+def _group_arrays(groups: Sequence[Group]) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(tokens, prefix, total tokens) of each group's attention segments."""
     out = []
     for group in groups:
-        tokens = np.fromiter((s.end - s.start for s in group), dtype=np.int64, count=len(group))
-        prefix = np.fromiter((s.start for s in group), dtype=np.int64, count=len(group))
-        out.append((tokens, prefix, int(tokens.sum())))
+        tokens, prefix = zip(*segments(group), strict=True)
+        out.append((np.array(tokens, dtype=np.int64), np.array(prefix, dtype=np.int64), sum(tokens)))
     return out
 
 
@@ -46,9 +46,8 @@ class _PipelineRun:
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
-        lengths = plan.sample_lengths()
-        self.fwd = _group_arrays(pipe.forward, lengths)
-        self.bwd = _group_arrays(pipe.backward, lengths)
+        self.fwd = _group_arrays(pipe.forward)
+        self.bwd = _group_arrays(pipe.backward)
         order = default_order(pipe, plan.config, cost)
         graph = build_graph(pipe, order, pp=self.pp, chunks=self.chunks, where=f"pipelines[{index}]")
         topo = topological_order(graph, where=f"pipelines[{index}]")

@@ -12,11 +12,13 @@ from slimpack.strategies.bfd import BFDPlanner
 from slimpack.strategies.bytescale import ByteScalePlanner
 from slimpack.strategies.fixed import FixedPlanner
 from slimpack.strategies.kk import KKPlanner
+from slimpack.strategies.slimpack import SlimPackPlanner
 from slimpack.strategies.slimpipe import SlimPipePlanner
 from slimpack.strategies.wlb import WLBPlanner
 
 STRATEGIES: dict[str, PlannerFactory] = {
     "fixed": FixedPlanner,
+    "slimpack": SlimPackPlanner,
     "bfd": BFDPlanner,
     "kk": KKPlanner,
     "wlb": WLBPlanner,

@@ -1,0 +1,97 @@
+"""Phase 2 inside one pipeline: forward MicroPacks, their asymmetric backward regrouping, and the
+formation (slim / mix / pack) of each forward group.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slimpack.plan.types import Group, Slice
+from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
+
+
+def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
+    """The forward slices in order, with each sample's slices reversed in place: the order in which
+    backward can consume them (a sample's later slices first) while staying close to forward order."""
+    flat = [s for group in forward for s in group]
+    out = list(flat)
+    i = 0
+    while i < len(flat):
+        j = i
+        while j < len(flat) and flat[j].sample_id == flat[i].sample_id:
+            j += 1
+        out[i:j] = flat[i:j][::-1]
+        i = j
+    return out
+
+
+def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, set[int]]) -> tuple[Group, ...]:
+    """Split slices at extra cut positions (per sample), keeping group membership and order."""
+    out = []
+    for group in groups:
+        pieces: list[Slice] = []
+        for s in group:
+            points = sorted(p for p in cuts.get(s.sample_id, ()) if s.start < p < s.end)
+            bounds = [s.start, *points, s.end]
+            pieces.extend(Slice(s.sample_id, a, b) for a, b in zip(bounds, bounds[1:], strict=False))
+        out.append(tuple(pieces))
+    return tuple(out)
+
+
+def _canonical(group: Sequence[Slice]) -> Group:
+    """Slices of one sample inside a group are listed in data order (the runtime reverses them in
+    backward); the order of different samples is kept."""
+    order = {}
+    for s in group:
+        order.setdefault(s.sample_id, len(order))
+    return tuple(sorted(group, key=lambda s: (order[s.sample_id], s.start)))
+
+
+def asymmetric_groups(forward: list[list[Slice]], num_groups: int, backward_cost: SliceCost,
+                      rules: CutRules) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """Backward groups balanced on backward cost over the same slices (cut further where the
+    backward balance needs it; the forward groups get the same extra boundaries)."""
+    backward = cut_into_groups(backward_sequence(forward), num_groups, backward_cost, rules, from_end=True)
+    cuts: dict[int, set[int]] = {}
+    for group in backward:
+        for s in group:
+            cuts.setdefault(s.sample_id, set()).update((s.start, s.end))
+    # backward pieces are forward slices, some cut further: giving forward those cuts too makes
+    # both groupings partition the same slices
+    return refine(forward, cuts), tuple(_canonical(g) for g in backward)
+
+
+def symmetric_backward(forward: Sequence[Group]) -> tuple[Group, ...]:
+    """The forward groups in a legal backward order: runs of groups linked by a sliced sample are
+    reversed (a sample's later slices go back first), everything else keeps forward order."""
+    out: list[Group] = []
+    run: list[Group] = []
+    for g, group in enumerate(forward):
+        run.append(group)
+        nxt = forward[g + 1] if g + 1 < len(forward) else ()
+        linked = {s.sample_id for s in group} & {s.sample_id for s in nxt}
+        if not linked:
+            out.extend(reversed(run))
+            run = []
+    return tuple(out)
+
+
+def formations(forward: Sequence[Group]) -> tuple[str, ...]:
+    """slim: pieces of one sample that spans several groups; pack: only samples entirely inside
+    the group; mix: anything else (a sliced sample's piece plus other samples)."""
+    groups_of: dict[int, set[int]] = {}
+    for g, group in enumerate(forward):
+        for s in group:
+            groups_of.setdefault(s.sample_id, set()).add(g)
+    out = []
+    for group in forward:
+        ids = {s.sample_id for s in group}
+        split = {sid for sid in ids if len(groups_of[sid]) > 1}
+        if not split:
+            out.append("pack")
+        elif len(ids) == 1:
+            out.append("slim")
+        else:
+            out.append("mix")
+    return tuple(out)

@@ -1,0 +1,121 @@
+"""Cut an ordered sequence of slices into groups of (nearly) equal cost, slicing where it pays.
+
+The planner lays a pipeline's samples out as one sequence and cuts it into K contiguous groups:
+group g closes when its cost reaches the remaining cost divided by the groups still to form. A
+sample that straddles a cut is sliced there (SlimPack's slicing: the cut is placed by cost, so the
+equal-cost slices of a long sample shrink towards its attention-heavy end), provided both pieces are
+at least ``min_slice`` tokens and the cut is aligned to the attention tile; otherwise the sample
+stays whole and goes to whichever side leaves the group closer to its budget.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from slimpack.plan.types import Slice
+
+SliceCost = Callable[[float, float], float]
+"""cost(tokens, prefix) of a slice; increasing in tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class CutRules:
+    can_cut: bool
+    """Whether samples may be cut at all (the ``--no-slicing`` ablation turns this off)."""
+    min_slice: int
+    """Shortest piece a cut may leave on either side."""
+    align: int
+    """Cut positions are multiples of this (within the sample)."""
+
+
+def best_cut(piece: Slice, need: float, cost: SliceCost, rules: CutRules, *, from_end: bool = False) -> int | None:
+    """Legal position t in (start, end) such that the part taken, [start, t) or with ``from_end``
+    [t, end), costs closest to ``need``; None when the piece is too short to cut."""
+    _, start, end = piece
+    if not rules.can_cut:
+        return None
+    lo = -(-(start + rules.min_slice) // rules.align)  # first and last aligned legal cut, in tiles
+    hi = (end - rules.min_slice) // rules.align
+    if lo > hi:
+        return None
+
+    def taken(k: int) -> float:
+        """Cost of the part taken when cutting at the k-th candidate, increasing in k."""
+        t = (lo + k) * rules.align if not from_end else (hi - k) * rules.align
+        return cost(t - start, start) if not from_end else cost(end - t, t)
+
+    a, b = 0, hi - lo  # binary search: the largest k whose part still fits in ``need``
+    while a < b:
+        mid = (a + b + 1) // 2
+        if taken(mid) <= need:
+            a = mid
+        else:
+            b = mid - 1
+    if a < hi - lo and taken(a + 1) - need < need - taken(a):
+        a += 1
+    return (lo + a) * rules.align if not from_end else (hi - a) * rules.align
+
+
+def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
+                    from_end: bool = False, weights: Sequence[float] | None = None) -> list[list[Slice]]:
+    """Cut ``pieces`` (in order) into at most ``num_groups`` non-empty groups of equal cost, or of
+    cost proportional to ``weights`` when given. With ``from_end`` a piece that is cut gives its
+    later tokens to the current group (backward consumes a sample's tokens from the end). Fewer
+    groups come back only when there are too few pieces to fill them.
+
+    Cutting a piece makes its parts cost a little more than the whole (small slices run less
+    efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
+    pass with the first pass's actual total removes that drift."""
+    assert num_groups >= 1
+    first = _cut(pieces, num_groups, cost, rules, from_end, weights, None)
+    actual = sum(cost(s.end - s.start, s.start) for group in first for s in group)
+    return _cut(pieces, num_groups, cost, rules, from_end, weights, actual)
+
+
+def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, from_end: bool,
+         weights: Sequence[float] | None, total: float | None) -> list[list[Slice]]:
+    weights = list(weights) if weights is not None else [1.0] * num_groups
+    queue = list(pieces)
+    queue.reverse()  # pop() from the end = next piece in order
+    # what the groups still to form should cost together (estimated from whole pieces in pass 1)
+    remaining = sum(cost(p.end - p.start, p.start) for p in queue) if total is None else total
+    groups: list[list[Slice]] = []
+    for g in range(num_groups):
+        if not queue:
+            break
+        if g == num_groups - 1:
+            groups.append(queue[::-1])
+            break
+        budget = remaining * weights[g] / sum(weights[g:])
+        group: list[Slice] = []
+        filled = 0.0
+        while queue:
+            piece = queue[-1]
+            whole = cost(piece.end - piece.start, piece.start)
+            if filled + whole <= budget:
+                group.append(queue.pop())
+                filled += whole
+                remaining -= whole
+                continue
+            # the piece overflows: close the group without it, take it whole, or cut it,
+            # whichever leaves the group closest to its budget (ties: no cut)
+            leave_gap = budget - filled if group else float("inf")
+            take_gap = filled + whole - budget
+            t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
+            cut_gap = float("inf")
+            if t is not None:
+                head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
+                taken, kept = (tail, head) if from_end else (head, tail)
+                cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
+            if cut_gap < min(leave_gap, take_gap):
+                queue[-1] = kept
+                group.append(taken)
+                remaining -= cost(taken.tokens, taken.start)
+            elif take_gap < leave_gap:
+                group.append(queue.pop())
+                remaining -= whole
+            break
+        groups.append(group)
+    return groups

@@ -1,0 +1,99 @@
+"""Phase 1 (DP-aware): spread samples over data-parallel replicas by cost, merging replicas into a
+context-parallel group for outliers (DP-Merge).
+
+Replicas may get different numbers of samples; what is balanced is the total (forward + backward)
+cost, so that every replica reaches the gradient all-reduce together. An outlier whose cost exceeds
+``merge_share`` of one replica's share of the batch (or whose activations cannot fit one pipeline)
+is given to k merged replicas, which then run it with k-fold context parallelism and get k shares of
+the rest of the batch.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Bin:
+    replicas: tuple[int, ...]
+    items: tuple[int, ...]
+    """Indices into the caller's item list."""
+    load: float
+
+
+def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
+                min_ways: Sequence[int]) -> list[tuple[int, int]]:
+    """(item, k) for each outlier to run on k merged replicas, heaviest first. ``min_ways[i]`` is the
+    fewest replicas item i needs for memory (1 when one pipeline holds it); ``merge_share=None``
+    turns DP-Merge off (memory-bound items then stay on one replica and will be reported OOM)."""
+    if merge_share is None or dp == 1:
+        return []
+    share = sum(costs) / dp
+    merges: list[tuple[int, int]] = []
+    used = 0
+    # memory-bound items first (they cannot run otherwise), then outliers by cost
+    by_need = sorted(range(len(costs)), key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
+    for item in by_need:
+        ways = max(min_ways[item], math.ceil(costs[item] / (merge_share * share)))
+        ways = min(ways, dp - used)
+        if ways <= 1:
+            if min_ways[item] > 1:
+                continue  # no replicas left for it: it stays on one and the simulator reports OOM
+            break  # sorted by cost: no later item is an outlier
+        merges.append((item, ways))
+        used += ways
+    return merges
+
+
+def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]]) -> list[Bin]:
+    """Pipelines (merged groups first, then single replicas) and the items each runs. Items go
+    heaviest first to the pipeline whose load per replica is lowest (LPT on uniform machines,
+    Graham 1969), then single items move from the most to the least loaded pipeline while that
+    lowers the maximum load per replica."""
+    replicas = iter(range(dp))
+    bins_replicas: list[tuple[int, ...]] = []
+    members: list[list[int]] = []
+    loads: list[float] = []
+    for item, ways in merges:
+        bins_replicas.append(tuple(next(replicas) for _ in range(ways)))
+        members.append([item])
+        loads.append(costs[item])
+    for r in replicas:
+        bins_replicas.append((r,))
+        members.append([])
+        loads.append(0.0)
+    width = [len(r) for r in bins_replicas]
+    merged = {i for i, _ in merges}
+    for item in sorted((i for i in range(len(costs)) if i not in merged), key=lambda i: (-costs[i], i)):
+        target = min(range(len(loads)), key=lambda b: ((loads[b] + costs[item]) / width[b], b))
+        members[target].append(item)
+        loads[target] += costs[item]
+    _improve(costs, members, loads, width, merged)
+    return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
+
+
+def _improve(costs: Sequence[float], members: list[list[int]], loads: list[float], width: list[int],
+             pinned: set[int], rounds: int = 200) -> None:
+    """Move one item from the most loaded pipeline to the least loaded one while it helps."""
+    for _ in range(rounds):
+        per = [load / w for load, w in zip(loads, width, strict=True)]
+        hi = max(range(len(per)), key=lambda b: (per[b], -b))
+        lo = min(range(len(per)), key=lambda b: (per[b], b))
+        gap = per[hi] - per[lo]
+        best, best_max = None, per[hi]
+        for item in members[hi]:
+            if item in pinned:
+                continue
+            new_hi = (loads[hi] - costs[item]) / width[hi]
+            new_lo = (loads[lo] + costs[item]) / width[lo]
+            if max(new_hi, new_lo) < best_max - 1e-12 * gap:
+                best, best_max = item, max(new_hi, new_lo)
+        if best is None:
+            return
+        members[hi].remove(best)
+        members[lo].append(best)
+        loads[hi] -= costs[best]
+        loads[lo] += costs[best]

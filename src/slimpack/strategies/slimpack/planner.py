@@ -1,0 +1,192 @@
+"""``slimpack``: the SlimPack planner (arXiv 2509.26246) with simulator-in-the-loop selection.
+
+Per step:
+1. Phase 1 (``phase1``): samples spread over DP replicas by forward+backward cost; outliers that
+   would dominate a replica, or that one pipeline cannot hold, go to merged replicas (DP-Merge).
+2. Phase 2 (``groups``/``partition``), per pipeline: samples laid out longest first (so sliced
+   samples' chains sit at the front, where their forwards overlap the pipeline's warm-up), cut into
+   K forward MicroPacks of equal forward cost, slicing samples at the cuts; the same slices are
+   regrouped into K backward MicroPacks of equal backward cost (asymmetric partitioning); the
+   per-stage order is the dependency-aware 1F1B under the memory cap.
+3. Candidates (K, the DP-Merge threshold, the schedule's look-ahead) are scored by the simulator;
+   the fastest plan that fits in memory wins (if none fits, the one with the least memory).
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from slimpack.config import Config
+from slimpack.cost import CostModel
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
+from slimpack.schedule.builders import backward_needs, dependency_aware
+from slimpack.schedule.default import activation_cap_bytes
+from slimpack.sim import simulate
+from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
+from slimpack.strategies.slimpack.milp import MilpResult, rebalance
+from slimpack.strategies.slimpack.partition import CutRules, cut_into_groups
+from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
+
+GROUPS_PER_STAGE = (2, 4, 8, 16)
+"""Candidate K = multiples of pp; the best is refined by its neighbours."""
+MERGE_SHARES = (None, 1.0, 0.5)
+"""DP-Merge thresholds tried: an outlier costing more than this share of a replica's work merges."""
+LOOKAHEADS = (0, 2)
+"""Extra forwards a stage may run ahead of 1F1B (memory permitting)."""
+SCORE_PIPELINES = 3
+"""Pipelines simulated per candidate (the heaviest ones); the chosen plan is simulated whole."""
+
+
+class SlimPackPlanner:
+    name = "slimpack"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.cost = CostModel(config)
+        knobs = config.planner
+        self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
+                              align=knobs.slice_align)
+        self.cap = activation_cap_bytes(config, self.cost)
+
+    # ---- costs ----------------------------------------------------------------------------
+    def _forward_cost(self, tokens: float, prefix: float) -> float:
+        return self.cost.slice_cost(tokens, prefix, backward=False)
+
+    def _backward_cost(self, tokens: float, prefix: float) -> float:
+        return self.cost.slice_cost(tokens, prefix, backward=True)
+
+    def _ways_for_memory(self, length: int) -> int:
+        """Fewest merged replicas whose context parallelism lets one pipeline hold a whole sliced
+        sample's activations on stage 0 (all its forwards run before its first backward)."""
+        assert self.cap is not None
+        per_replica = self.cost.activation_bytes(length, virtual_stage=0)
+        return max(1, -(-int(per_replica) // max(1, int(self.cap))))
+
+    # ---- phase 2 --------------------------------------------------------------------------
+    def _group_cost(self, group: Sequence[Slice], *, backward: bool) -> float:
+        return self.cost.group_constant(backward=backward) + sum(
+            self.cost.slice_cost(tokens, prefix, backward=backward) for tokens, prefix in segments(group))
+
+    def _refine(self, groups: list[list[Slice]], *, backward: bool, stats: list[MilpResult]) -> list[list[Slice]]:
+        result = rebalance(groups, lambda g: self._group_cost(g, backward=backward),
+                           lambda s: self.cost.slice_cost(s.tokens, s.start, backward=backward),
+                           time_limit_s=self.config.planner.milp_time_limit_s)
+        stats.append(result)
+        return result.groups
+
+    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], num_groups: int, lookahead: int,
+                  milp: list[MilpResult] | None = None) -> PipelinePlan:
+        """The pipeline's groups and order; with ``milp`` (a list collecting solver results) the
+        heuristic groups are refined by the MILP."""
+        members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
+        cp = self.config.parallel.cp * len(bin_.replicas)
+        if not members:  # more replicas than samples: this one only joins the gradient all-reduce
+            return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
+                                order=((),) * self.config.parallel.pp, formations=())
+        pieces = [Slice(s.id, 0, s.length) for s in members]
+        forward = cut_into_groups(pieces, num_groups, self._forward_cost, self.rules)
+        if milp is not None:
+            forward = self._refine(forward, backward=False, stats=milp)
+        if self.config.planner.use_asymmetric:
+            fwd, bwd = asymmetric_groups(forward, len(forward), self._backward_cost, self.rules)
+            if milp is not None:
+                bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, stats=milp))
+        else:
+            fwd = tuple(tuple(g) for g in forward)
+            bwd = symmetric_backward(fwd)
+        per_token = self.cost.activation_bytes(1.0, virtual_stage=0, cp=cp)
+        order = dependency_aware(
+            backward_needs(fwd, bwd), num_forward=len(fwd), pp=self.config.parallel.pp, lookahead=lookahead,
+            forward_bytes=[per_token * sum(s.tokens for s in g) for g in fwd],
+            backward_freed_bytes=[per_token * sum(s.tokens for s in g) for g in bwd], cap_bytes=self.cap)
+        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd, order=order,
+                            formations=formations(fwd))  # type: ignore[arg-type]
+
+    # ---- scoring --------------------------------------------------------------------------
+    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], num_groups: int, lookahead: int
+               ) -> tuple[bool, float, float]:
+        """(fits, step time, peak memory) of the sub-plan made of ``bins``' pipelines alone."""
+        width = sum(len(b.replicas) for b in bins)
+        config = dataclasses.replace(self.config, parallel=dataclasses.replace(self.config.parallel, dp=width))
+        pipelines, next_replica = [], 0
+        for b in bins:
+            renumbered = Bin(tuple(range(next_replica, next_replica + len(b.replicas))), b.items, b.load)
+            next_replica += len(b.replicas)
+            pipelines.append(self._pipeline(renumbered, samples, num_groups, lookahead))
+        members = [samples[i] for b in bins for i in b.items]
+        result = simulate(Plan(config=config, strategy=self.name, samples=tuple(members),
+                               pipelines=tuple(pipelines)), CostModel(config), check=False)
+        return not result.oom, result.step_time_s, max(result.peak_memory_bytes)
+
+    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]
+                ) -> tuple[tuple[bool, float, float], int, int, int]:
+        """Best (score, K, look-ahead, candidates tried) for these bins: a coarse sweep of K, then
+        K's neighbours and the look-aheads around the best, scored on the heaviest pipelines."""
+        heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
+        scored_bins = [bins[b] for b in sorted(heavy[:SCORE_PIPELINES])]
+        pp = self.config.parallel.pp
+        most_samples = max(len(b.items) for b in bins)
+        tokens = max(sum(samples[i].length for i in b.items) for b in bins)
+        limit = max(1, min(tokens // self.rules.min_slice + most_samples, 64 * pp))
+        scores: dict[tuple[int, int], tuple[bool, float, float]] = {}
+
+        def rank(candidate: tuple[int, int]) -> tuple[bool, float]:
+            fits, step_time, peak = scores[candidate]
+            return (not fits, step_time if fits else peak)
+
+        def evaluate(candidates: set[tuple[int, int]]) -> tuple[int, int]:
+            for candidate in sorted(candidates - scores.keys()):
+                scores[candidate] = self._score(scored_bins, samples, *candidate)
+            return min(scores, key=lambda c: (*rank(c), c))
+
+        k_best, _ = evaluate({(min(limit, m * pp), 0) for m in GROUPS_PER_STAGE})
+        k_best, _ = evaluate({(max(1, round(k_best * f)), 0) for f in (0.7, 1.4)} | {(k_best, 0)})
+        best = evaluate({(k_best, la) for la in LOOKAHEADS})
+        return scores[best], best[0], best[1], len(scores)
+
+    # ---- the step -------------------------------------------------------------------------
+    def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
+        began = time.perf_counter()
+        samples = list(batch)
+        par = self.config.parallel
+        knobs = self.config.planner
+        costs = [self._forward_cost(s.length, 0) + self._backward_cost(s.length, 0) for s in samples]
+        min_ways = [self._ways_for_memory(s.length) if knobs.use_dp_merge else 1 for s in samples]
+        best = None
+        tried = 0
+        layouts: set[tuple] = set()
+        for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
+            merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
+            bins = balance(costs, par.dp, merges)
+            layout = tuple((b.replicas, b.items) for b in bins)
+            if layout in layouts:
+                continue  # this threshold merges nothing new
+            layouts.add(layout)
+            score, num_groups, lookahead, count = self._search(bins, samples)
+            tried += count
+            rank = (not score[0], score[1] if score[0] else score[2])
+            if best is None or rank < best[0]:
+                best = (rank, bins, num_groups, lookahead, share, len(merges))
+        assert best is not None
+        _, bins, num_groups, lookahead, share, num_merged = best
+        milp: list[MilpResult] | None = [] if knobs.use_milp else None
+        pipelines = tuple(self._pipeline(b, samples, num_groups, lookahead, milp) for b in bins)
+        info = {"num_groups": num_groups, "lookahead": lookahead, "merge_share": share,
+                "merged_pipelines": num_merged, "candidates": tried,
+                "milp": _milp_summary(milp), "planner_time_s": time.perf_counter() - began}
+        return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
+                    pipelines=pipelines, info=info)
+
+
+def _milp_summary(results: list[MilpResult] | None) -> dict | None:
+    """How the MILP refinement went over all pipelines (None when it is switched off)."""
+    if results is None:
+        return None
+    statuses = [r.status for r in results]
+    before = sum(r.before for r in results)
+    after = sum(r.after for r in results)
+    return {status: statuses.count(status) for status in sorted(set(statuses))} | {
+        "overload_before_s": before, "overload_after_s": after}

@@ -1,0 +1,187 @@
+"""Global-batch sampler: budget, chunking, drop accounting and determinism, by property tests
+against a naive reference written from the module docstring's rules."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slimpack.config import TrainConfig
+from slimpack.data import (
+    Batch,
+    GlobalBatchSampler,
+    SamplerConfig,
+    load_dataset,
+    sample_batches,
+)
+from slimpack.errors import UserError
+
+
+def reference_batches(lengths, config: SamplerConfig, num_steps: int):
+    """Plain-Python reading of the rules: stream of (length, doc, chunk, epoch), greedy fill."""
+
+    def stream():
+        epoch = 0
+        while True:
+            order = (np.random.default_rng([config.seed, epoch]).permutation(len(lengths))
+                     if config.shuffle else range(len(lengths)))
+            for doc in order:
+                length = int(lengths[doc])
+                if length > config.max_context and config.drop_long:
+                    continue
+                for chunk, start in enumerate(range(0, length, config.max_context)):
+                    yield (min(config.max_context, length - start), int(doc), chunk, epoch)
+            epoch += 1
+
+    items, out, current = stream(), [], []
+    pending = next(items)
+    while len(out) < num_steps:
+        if sum(item[0] for item in current) + pending[0] > config.global_batch_tokens:
+            out.append(current)
+            current = []
+        else:
+            current.append(pending)
+            pending = next(items)
+    return out
+
+
+lengths_strategy = st.lists(st.integers(1, 300), min_size=1, max_size=40)
+config_strategy = st.builds(
+    lambda budget, context_share, shuffle, seed, drop: SamplerConfig(
+        global_batch_tokens=budget, max_context=max(1, budget * context_share // 100),
+        shuffle=shuffle, seed=seed, drop_long=drop),
+    st.integers(1, 400), st.integers(1, 100), st.booleans(), st.integers(0, 5), st.booleans())
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_strategy, config=config_strategy, num_steps=st.integers(1, 25))
+def test_matches_reference_and_keeps_invariants(lengths, config, num_steps):
+    lengths = np.array(lengths)
+    if config.drop_long and (lengths > config.max_context).all():
+        with pytest.raises(UserError, match="nothing to sample"):
+            GlobalBatchSampler(lengths, config)
+        return
+    sampler = GlobalBatchSampler(lengths, config)
+    batches = sampler.batches(num_steps)
+    expected = reference_batches(lengths, config, num_steps)
+    assert [[(s.length, s.doc_index, s.chunk, s.epoch) for s in b.samples] for b in batches] == expected
+
+    for step, batch in enumerate(batches):
+        assert batch.step == step and batch.samples
+        assert [s.id for s in batch.samples] == list(range(len(batch.samples)))
+        assert batch.num_tokens <= config.global_batch_tokens
+        assert all(1 <= s.length <= config.max_context for s in batch.samples)
+        if step + 1 < len(batches):  # full: the next sample would not have fitted
+            assert batch.num_tokens + batches[step + 1].samples[0].length > config.global_batch_tokens
+
+    # Tokens conserved: the chunks of each (epoch, document) seen whole rebuild its length.
+    chunks = defaultdict(list)
+    for batch in batches:
+        for s in batch.samples:
+            chunks[(s.epoch, s.doc_index)].append((s.chunk, s.length))
+    last = batches[-1].samples[-1]
+    for (epoch, doc), parts in chunks.items():
+        assert [c for c, _ in parts] == list(range(len(parts)))  # consecutive, in order
+        assert all(n == config.max_context for _, n in parts[:-1])
+        if (epoch, doc) != (last.epoch, last.doc_index):  # the last one may continue next step
+            assert sum(n for _, n in parts) == lengths[doc]
+        if config.drop_long:
+            assert lengths[doc] <= config.max_context
+
+    # Every completed epoch visits each kept document exactly once.
+    for epoch in range(last.epoch):
+        docs = sorted(doc for (e, doc) in chunks if e == epoch)
+        kept = [d for d in range(len(lengths)) if not (config.drop_long and lengths[d] > config.max_context)]
+        assert docs == kept
+
+    # Drop accounting: per-batch counts add up, and match a count over the visited prefix.
+    long_docs = lengths > config.max_context
+    assert sampler.num_long_docs == int(long_docs.sum())
+    assert sampler.num_dropped_docs == (int(long_docs.sum()) if config.drop_long else 0)
+    assert sampler.num_dropped_tokens == (int(lengths[long_docs].sum()) if config.drop_long else 0)
+    docs, tokens = sampler.dropped_through(num_steps - 1)
+    assert docs == sum(b.num_dropped_docs for b in batches)
+    assert tokens == sum(b.num_dropped_tokens for b in batches)
+    if config.drop_long and not config.shuffle:
+        prefix = lengths[: last.doc_index + 1]
+        assert docs == last.epoch * sampler.num_dropped_docs + int((prefix > config.max_context).sum())
+        assert tokens == last.epoch * sampler.num_dropped_tokens + int(prefix[prefix > config.max_context].sum())
+    if not config.drop_long:
+        assert (docs, tokens) == (0, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=lengths_strategy, config=config_strategy, steps=st.lists(st.integers(0, 30), min_size=1, max_size=5))
+def test_batch_at_is_reproducible_in_any_order(lengths, config, steps):
+    config = SamplerConfig(**{**config.to_dict(), "drop_long": False})
+    first = GlobalBatchSampler(np.array(lengths), config)
+    forward = {step: first.batch_at(step) for step in sorted(steps)}
+    for step in reversed(steps):  # a fresh sampler, asked in another order
+        assert GlobalBatchSampler(np.array(lengths), config).batch_at(step) == forward[step]
+        assert first.batch_at(step) == forward[step]
+
+
+def test_hand_example_chunking_and_budget():
+    config = SamplerConfig(global_batch_tokens=10, max_context=4)
+    batches = GlobalBatchSampler(np.array([3, 9, 2, 5]), config).batches(4)
+    # Stream: 3 | 4 4 1 | 2 | 4 1, then the next epoch.
+    assert [b.lengths for b in batches] == [(3, 4), (4, 1, 2), (4, 1, 3), (4, 4, 1)]
+    assert [(s.doc_index, s.chunk) for s in batches[0].samples] == [(0, 0), (1, 0)]
+    # Step 2 wraps into the second epoch: doc 3's two chunks, then doc 0 again.
+    assert [(s.doc_index, s.chunk, s.epoch) for s in batches[2].samples] == [(3, 0, 0), (3, 1, 0), (0, 0, 1)]
+
+    dropped = GlobalBatchSampler(np.array([3, 9, 2, 5]), SamplerConfig(
+        global_batch_tokens=10, max_context=4, drop_long=True)).batches(2)
+    # Stream: 3 2 | 3 2 | ... (docs 1 and 3 skipped). Batch 0 ends on epoch 1's doc 2, after the
+    # skips of doc 1 (epoch 0), doc 3 (epoch 0) and doc 1 (epoch 1): 3 docs, 9 + 5 + 9 tokens.
+    assert [b.lengths for b in dropped] == [(3, 2, 3, 2), (3, 2, 3, 2)]
+    assert [(b.num_dropped_docs, b.num_dropped_tokens) for b in dropped] == [(3, 23), (4, 28)]
+
+
+def test_shuffle_is_a_fixed_permutation_per_epoch():
+    lengths = np.arange(1, 101)
+    config = SamplerConfig(global_batch_tokens=10_000, max_context=100, shuffle=True, seed=3)
+    first = GlobalBatchSampler(lengths, config).batch_at(0)
+    epochs = defaultdict(list)
+    for s in first.samples:
+        epochs[s.epoch].append(s.doc_index)
+    assert sorted(epochs[0]) == list(range(100))  # one whole epoch fits in the budget (5050)
+    assert epochs[0] != sorted(epochs[0]) and epochs[0] != epochs[1][: len(epochs[0])]
+    other = GlobalBatchSampler(lengths, SamplerConfig(**{**config.to_dict(), "seed": 4})).batch_at(0)
+    assert other != first
+
+
+def test_real_dataset_steps_are_cheap_and_stable():
+    dataset = load_dataset("textbooks")
+    config = SamplerConfig(global_batch_tokens=1 << 20, max_context=64 << 10, shuffle=True, seed=1)
+    late = GlobalBatchSampler(dataset, config).batch_at(2000)  # several epochs in
+    assert late.samples[0].epoch >= 8 and 0.9 * (1 << 20) < late.num_tokens <= 1 << 20
+    assert sample_batches(dataset, config, 1, start=2000) == [late]
+    assert isinstance(sample_batches("pydocs", config, 1)[0], Batch)
+
+
+def test_config_validation_and_from_train():
+    with pytest.raises(UserError, match=r"max_context \(8\) must be <= global_batch_tokens \(4\)"):
+        SamplerConfig(global_batch_tokens=4, max_context=8)
+    with pytest.raises(UserError, match="global_batch_tokens must be a positive integer"):
+        SamplerConfig(global_batch_tokens=0)
+    with pytest.raises(UserError, match="seed must be a non-negative integer"):
+        SamplerConfig(seed=-1)
+    config = SamplerConfig.from_train(TrainConfig(max_context=1024, global_batch_tokens=8192, seed=5),
+                                      shuffle=True)
+    assert (config.max_context, config.global_batch_tokens, config.seed, config.shuffle) == (1024, 8192, 5, True)
+    assert SamplerConfig.from_dict(config.to_dict()) == config
+    sampler = GlobalBatchSampler(np.array([5]), SamplerConfig(global_batch_tokens=8, max_context=8))
+    with pytest.raises(UserError, match="step must be a non-negative integer"):
+        sampler.batch_at(-1)
+
+
+def test_step_accepts_numpy_integers_only():
+    sampler = GlobalBatchSampler(np.array([5, 6]), SamplerConfig(global_batch_tokens=8, max_context=8))
+    assert sampler.batch_at(np.int64(1)) == sampler.batch_at(1)
+    with pytest.raises(UserError, match="step must be a non-negative integer, got 1.5"):
+        sampler.batch_at(1.5)  # type: ignore[arg-type]

@@ -1,0 +1,159 @@
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
+from slimpack.cost import CostModel
+from slimpack.plan import Sample, Slice, plan_to_dict
+from slimpack.plan.check import check_plan
+from slimpack.sim import simulate
+from slimpack.strategies import make_planner
+from slimpack.strategies.slimpack.groups import backward_sequence, formations, symmetric_backward
+from slimpack.strategies.slimpack.milp import rebalance
+from slimpack.strategies.slimpack.partition import CutRules, best_cut, cut_into_groups
+from slimpack.strategies.slimpack.phase1 import balance, plan_merges
+
+
+def _config(pp=2, dp=2, context=32768, **planner):
+    return build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=pp, dp=dp),
+                        train=TrainConfig(max_context=context, global_batch_tokens=1 << 20),
+                        planner=PlannerConfig(**planner))
+
+
+def _tokens(plan, which):
+    covered = {}
+    for pipe in plan.pipelines:
+        for group in getattr(pipe, which):
+            for s in group:
+                covered.setdefault(s.sample_id, []).append((s.start, s.end))
+    return covered
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(1, 32768), min_size=1, max_size=40), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2, 3]), switches=st.tuples(*[st.booleans()] * 4))
+def test_every_plan_validates_and_covers_every_token_once(lengths, pp, dp, switches):
+    slicing, asymmetric, merge, milp = switches
+    config = _config(pp=pp, dp=dp, use_slicing=slicing, use_asymmetric=asymmetric, use_dp_merge=merge,
+                     use_milp=milp)
+    batch = [Sample(id=10 + i, length=n) for i, n in enumerate(lengths)]
+    plan = make_planner("slimpack", config).plan(batch, step=3)
+    check_plan(plan)
+    for which in ("forward", "backward"):
+        covered = _tokens(plan, which)
+        for sample in batch:
+            ranges = sorted(covered[sample.id])
+            assert ranges[0][0] == 0 and ranges[-1][1] == sample.length
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    if not slicing:
+        assert all(len(r) == 1 for r in _tokens(plan, "forward").values())
+
+
+def test_same_input_gives_the_identical_plan():
+    batch = [Sample(id=i, length=n) for i, n in enumerate([30000, 12000, 900, 4000, 27000, 150, 2048, 8000] * 3)]
+    config = _config(pp=4, dp=2)
+    first = plan_to_dict(make_planner("slimpack", config).plan(batch, step=0))
+    second = plan_to_dict(make_planner("slimpack", config).plan(batch, step=0))
+    for plan in (first, second):
+        plan["info"].pop("planner_time_s")
+    assert first == second
+
+
+def test_long_samples_are_sliced_into_equal_cost_slices_that_shrink():
+    cost = CostModel(_config())
+    rules = CutRules(can_cut=True, min_slice=1024, align=128)
+    groups = cut_into_groups([Slice(0, 0, 131072)], 8, lambda c, p: cost.slice_cost(c, p, backward=False), rules)
+    sizes = [g[0].tokens for g in groups]
+    assert len(groups) == 8 and sum(sizes) == 131072
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > 2 * sizes[-1]
+    costs = [cost.slice_cost(g[0].tokens, g[0].start, backward=False) for g in groups]
+    assert max(costs) / min(costs) < 1.02
+    assert all(g[0].start % 128 == 0 for g in groups)
+
+
+def test_cuts_respect_the_minimum_slice_and_alignment():
+    rules = CutRules(can_cut=True, min_slice=1024, align=128)
+    assert best_cut(Slice(0, 0, 2000), 10.0, lambda c, p: float(c), rules) is None  # too short to cut
+    assert best_cut(Slice(0, 0, 10000), 5000.0, lambda c, p: float(c), rules) == 4992
+    assert best_cut(Slice(0, 0, 10000), 10.0, lambda c, p: float(c), rules) == 1024
+    # from the end: the tail [t, 10000) should cost ~3000 tokens
+    assert best_cut(Slice(0, 0, 10000), 3000.0, lambda c, p: float(c), rules, from_end=True) == 7040
+    assert best_cut(Slice(0, 0, 10000), 5000.0, lambda c, p: float(c), CutRules(False, 1024, 128)) is None
+
+
+def test_backward_sequence_reverses_each_sample_in_place():
+    fwd = [[Slice(0, 0, 10)], [Slice(0, 10, 20), Slice(1, 0, 5)], [Slice(1, 5, 9), Slice(2, 0, 3)]]
+    assert backward_sequence(fwd) == [Slice(0, 10, 20), Slice(0, 0, 10), Slice(1, 5, 9), Slice(1, 0, 5), Slice(2, 0, 3)]
+    assert formations([tuple(g) for g in fwd]) == ("slim", "mix", "mix")
+    assert formations([(Slice(3, 0, 4), Slice(4, 0, 2))]) == ("pack",)
+    groups = [tuple(g) for g in fwd] + [(Slice(3, 0, 4),)]
+    assert symmetric_backward(groups) == (groups[2], groups[1], groups[0], groups[3])
+
+
+def test_phase1_balances_cost_and_merges_outliers():
+    costs = [10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    bins = balance(costs, 2, [])
+    assert sorted(b.load for b in bins) == [27.5, 27.5] or abs(bins[0].load - bins[1].load) <= 1.0
+    assert sorted(i for b in bins for i in b.items) == list(range(10))
+    # one sample costing as much as the rest together: 2 replicas' shares at threshold 1.0, 4 at 0.5
+    costs = [40.0] + [1.0] * 40
+    assert plan_merges(costs, 4, merge_share=0.5, min_ways=[1] * 41) == [(0, 4)]
+    merges = plan_merges(costs, 4, merge_share=1.0, min_ways=[1] * 41)
+    assert merges == [(0, 2)]
+    bins = balance(costs, 4, merges)
+    assert bins[0].replicas == (0, 1) and 0 in bins[0].items
+    assert sorted(len(b.replicas) for b in bins) == [1, 1, 2]
+    loads = sorted(b.load / len(b.replicas) for b in bins)
+    assert loads[-1] - loads[0] <= 1.0
+    assert plan_merges(costs, 4, merge_share=None, min_ways=[1] * 41) == []
+    # memory forces a merge even below the share threshold
+    assert plan_merges([1.0, 1.0, 1.0], 4, merge_share=0.5, min_ways=[1, 3, 1]) == [(1, 3)]
+
+
+def test_dp_merge_runs_an_outlier_with_context_parallelism():
+    config = _config(pp=2, dp=4, context=131072)
+    batch = [Sample(id=0, length=131072)] + [Sample(id=i, length=2048) for i in range(1, 120)]
+    plan = make_planner("slimpack", config).plan(batch, step=0)
+    check_plan(plan)
+    merged = [p for p in plan.pipelines if len(p.replicas) > 1]
+    assert merged and merged[0].cp == len(merged[0].replicas)
+    assert plan.info["merged_pipelines"] >= 1
+    off = make_planner("slimpack", dataclasses.replace(config, planner=PlannerConfig(use_dp_merge=False)))
+    plan_off = off.plan(batch, step=0)
+    assert all(len(p.replicas) == 1 for p in plan_off.pipelines)
+    assert simulate(plan).step_time_s < simulate(plan_off).step_time_s
+
+
+def test_asymmetric_backward_groups_are_balanced_on_backward_cost():
+    config = _config(pp=4, dp=1, context=65536, use_milp=False)
+    batch = [Sample(id=0, length=65536)] + [Sample(id=i, length=1500 + 37 * i) for i in range(1, 200)]
+    plan = make_planner("slimpack", config).plan(batch, step=0)
+    result = simulate(plan)
+    backward = result.backward_group_times_s[0]
+    assert max(backward) / (sum(backward) / len(backward)) < 1.15
+    assert not plan.pipelines[0].symmetric
+    sym = make_planner("slimpack", dataclasses.replace(config, planner=PlannerConfig(use_asymmetric=False)))
+    sym_plan = sym.plan(batch, step=0)
+    assert all(sorted(g) in [sorted(f) for f in sym_plan.pipelines[0].forward] for g in sym_plan.pipelines[0].backward)
+
+
+def test_milp_moves_whole_samples_to_cut_overload():
+    groups = [[Slice(0, 0, 10), Slice(1, 0, 10)], [Slice(2, 0, 1)], [Slice(3, 0, 1)]]
+    cost = lambda s: float(s.tokens)  # noqa: E731
+    result = rebalance(groups, lambda g: sum(cost(s) for s in g), cost, window=2)
+    assert result.status == "improved" and result.after < result.before
+    # mean 22/3: the least total overload puts the two 1-token samples together
+    assert sorted(sum(s.tokens for s in g) for g in result.groups) == [2, 10, 10]
+    assert result.after == pytest.approx(2 * (10 - 22 / 3))
+    assert sorted(s for g in result.groups for s in g) == sorted(s for g in groups for s in g)
+
+
+@pytest.mark.parametrize("flag", ["use_slicing", "use_asymmetric", "use_dp_merge", "use_milp"])
+def test_each_ablation_switch_still_gives_valid_plans(flag):
+    config = _config(pp=2, dp=2, context=65536, **{flag: False})
+    batch = [Sample(id=i, length=n) for i, n in enumerate([65536, 40000, 3000, 800, 12000, 5000] * 4)]
+    plan = make_planner("slimpack", config).plan(batch, step=0)
+    check_plan(plan)
+    assert simulate(plan).step_time_s > 0
