@@ -43,13 +43,6 @@ def default_order(pipeline: PipelinePlan, config: Config, cost: object | None = 
         return interleaved_1f1b(num, pp, chunks)
     if pipeline.symmetric:
         return one_f_one_b(num, pp)
-    return capped_dependency_order(pipeline, config, cost)
-
-
-def capped_dependency_order(pipeline: PipelinePlan, config: Config, cost: object | None = None, *,
-                            lookahead: int = 0) -> Order:
-    """The dependency-aware 1F1B of ``pipeline`` (``lookahead`` extra forwards in flight), with the
-    activation memory cap of ``activation_cap_bytes`` when a ``CostModel`` is given."""
     need = backward_needs(pipeline.forward, pipeline.backward)
     forward_bytes = backward_bytes = None
     cap = activation_cap_bytes(config, cost)
@@ -60,6 +53,5 @@ def capped_dependency_order(pipeline: PipelinePlan, config: Config, cost: object
         per_token = cost.activation_bytes(1.0, virtual_stage=0, cp=pipeline.cp)
         forward_bytes = [per_token * sum(s.tokens for s in g) for g in pipeline.forward]
         backward_bytes = [per_token * sum(s.tokens for s in g) for g in pipeline.backward]
-    return dependency_aware(need, num_forward=len(pipeline.forward), pp=config.parallel.pp,
-                            lookahead=lookahead, forward_bytes=forward_bytes,
+    return dependency_aware(need, num_forward=num, pp=pp, forward_bytes=forward_bytes,
                             backward_freed_bytes=backward_bytes, cap_bytes=cap)
