@@ -188,3 +188,9 @@ def test_bytescale_buckets_by_length_and_gives_long_replicas_fewer_micro_batches
     flops = [sum(model_training_flops(config.model, n) for n in r) for r in replica]
     assert abs(flops[0] - flops[1]) / sum(flops) < 0.05
     assert all(sum(s.tokens for s in g) <= 131072 for p in plan.pipelines for g in p.forward)
+
+
+def test_slimpipe_refuses_interleaving():
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, virtual_stages=2))
+    with pytest.raises(ValueError, match="virtual_stages"):
+        SlimPipePlanner(config)

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
+from slimpack.errors import UserError
 from slimpack.plan.types import Action, Group, PipelinePlan, Plan, Sample, Slice
 from slimpack.schedule import Order
 from slimpack.sim import simulate
@@ -68,6 +69,9 @@ class SlimPipePlanner:
     name = "slimpipe"
 
     def __init__(self, config: Config, *, num_slices: Sequence[int] = NUM_SLICES) -> None:
+        if config.parallel.virtual_stages > 1:
+            raise UserError("slimpipe: slice-level 1F1B is implemented for virtual_stages = 1, got "
+                            f"{config.parallel.virtual_stages}")
         self.config = config
         self.cost = CostModel(config)
         context, shortest = config.train.max_context, config.planner.min_slice_tokens
