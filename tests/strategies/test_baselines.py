@@ -54,7 +54,7 @@ def test_kk_takes_the_smallest_count_that_fits_the_cap():
     # three 6-token samples, cap 10: ceil(18/10) = 2 micro-batches would need a 12-token one
     plan = KKPlanner(cfg(10, dp=1)).plan(batch([6, 6, 6]), step=0)
     check_plan(plan)
-    assert plan.info["micro_batches_per_replica"] == 3
+    assert plan.info["micro_batches_per_replica"] == [3]
     assert all(len(g) == 1 for g in plan.pipelines[0].forward)
 
 

@@ -4,9 +4,9 @@ from hypothesis import strategies as st
 from slimpack.strategies.packing import (
     best_fit_decreasing,
     contiguous_cuts,
-    fewest_bins,
     least_loaded_fit,
     small_at_ends,
+    smallest_count,
 )
 from slimpack.strategies.partition import karmarkar_karp
 
@@ -40,15 +40,15 @@ def test_least_loaded_fit_falls_back_to_fewest_tokens_then_leaves_over():
     assert left == [2]
 
 
-def test_fewest_bins_scans_upward():
+def test_smallest_count_scans_upward():
     calls = []
 
     def build(k):
         calls.append(k)
-        return [[0, 1], [2]] if k < 3 else [[0], [1], [2]]
+        return None if k in (2, 3) else k
 
-    assert fewest_bins(build, [4, 4, 4], 4, 2) == [[0], [1], [2]]
-    assert calls == [2, 3]
+    assert smallest_count(build, 2, 6) == 4
+    assert calls == [2, 3, 4]
 
 
 def test_small_at_ends_puts_the_heaviest_in_the_middle():

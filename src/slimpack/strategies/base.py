@@ -53,10 +53,10 @@ def cut_to_context(batch: Sequence[Sample], context: int) -> list[Sample]:
         if sample.length <= context:
             out.append(sample)
             continue
-        for start in range(0, sample.length, context):
-            sid = sample.id if start == 0 else next_id
-            next_id += start > 0
-            out.append(Sample(id=sid, length=min(context, sample.length - start), arrival_step=sample.arrival_step))
+        out.append(Sample(id=sample.id, length=context, arrival_step=sample.arrival_step))
+        for start in range(context, sample.length, context):
+            out.append(Sample(id=next_id, length=min(context, sample.length - start), arrival_step=sample.arrival_step))
+            next_id += 1
     return out
 
 

@@ -20,7 +20,7 @@ from slimpack.config import Config
 from slimpack.cost import model_training_flops
 from slimpack.plan.types import Group, Plan, Sample
 from slimpack.strategies.base import cut_to_context, symmetric_plan, whole
-from slimpack.strategies.packing import Bins, contiguous_cuts, fewest_bins, least_loaded_fit
+from slimpack.strategies.packing import Bins, contiguous_cuts, least_loaded_fit, smallest_count
 
 
 def pack_capped(lengths: list[int], weights: list[float], k: int, cap: int) -> Bins | None:
@@ -45,8 +45,8 @@ class ByteScalePlanner:
         for bucket in contiguous_cuts(flops, self.config.parallel.dp):
             lengths = [samples[i].length for i in bucket]
             weights = [flops[i] for i in bucket]
-            micro_batches = fewest_bins(lambda k, n=lengths, w=weights: pack_capped(n, w, k, cap), lengths,
-                                        cap, math.ceil(sum(lengths) / cap)) if lengths else []
+            micro_batches = smallest_count(lambda k, n=lengths, w=weights: pack_capped(n, w, k, cap),
+                                           math.ceil(sum(lengths) / cap), len(lengths)) if lengths else []
             per_replica.append([tuple(whole(samples[bucket[j]]) for j in mb) for mb in micro_batches])
             counts.append(len(micro_batches))
         return symmetric_plan(self.config, self.name, step, samples, per_replica,

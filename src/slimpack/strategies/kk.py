@@ -21,14 +21,8 @@ from slimpack.config import Config
 from slimpack.cost import model_training_flops
 from slimpack.plan.types import Group, Plan, Sample
 from slimpack.strategies.base import cut_to_context, symmetric_plan, whole
-from slimpack.strategies.packing import Bins, fewest_bins, small_at_ends
+from slimpack.strategies.packing import Bins, small_at_ends, smallest_count
 from slimpack.strategies.partition import karmarkar_karp
-
-
-def balanced_micro_batches(lengths: list[int], flops: list[float], k: int, cap: int) -> Bins | None:
-    """KK into min(k, items) non-empty micro-batches, or None if one exceeds ``cap`` tokens."""
-    parts = [p for p in karmarkar_karp(flops, min(k, len(lengths))) if p]
-    return parts if all(sum(lengths[i] for i in p) <= cap for p in parts) else None
 
 
 class KKPlanner:
@@ -44,22 +38,25 @@ class KKPlanner:
         replicas = karmarkar_karp(flops, self.config.parallel.dp, equal_count=True)
         lengths = [[samples[i].length for i in r] for r in replicas]
         weights = [[flops[i] for i in r] for r in replicas]
-        # the smallest count each replica needs on its own, then the largest of those for all
-        need = [len(fewest_bins(lambda k, r=r: balanced_micro_batches(lengths[r], weights[r], k, cap),
-                                lengths[r], cap, math.ceil(sum(lengths[r]) / cap)))
-                for r in range(len(replicas)) if replicas[r]]
-        count = max(need, default=0)
-        while True:
-            parts = [balanced_micro_batches(lengths[r], weights[r], count, cap) if replicas[r] else []
-                     for r in range(len(replicas))]
-            if all(p is not None for p in parts):
-                break
-            count += 1
+        # the smallest count at which every replica's micro-batches fit the cap, the same on all
+        counts = [math.ceil(sum(n) / cap) for n in lengths]
+        parts = smallest_count(lambda k: self._micro_batches(lengths, weights, k, cap),
+                               max(counts, default=0), max(map(len, lengths), default=0))
         per_replica: list[list[Group]] = []
         for r, micro_batches in enumerate(parts):
-            assert micro_batches is not None
             load = [sum(weights[r][i] for i in mb) for mb in micro_batches]
             per_replica.append([tuple(whole(samples[replicas[r][i]]) for i in micro_batches[j])
                                 for j in small_at_ends(load)])
         return symmetric_plan(self.config, self.name, step, samples, per_replica,
-                              {"micro_batches_per_replica": count})
+                              {"micro_batches_per_replica": [len(p) for p in parts]})
+
+    @staticmethod
+    def _micro_batches(lengths: list[list[int]], weights: list[list[float]], k: int, cap: int) -> list[Bins] | None:
+        """Every replica's KK micro-batches (min(k, its samples) of them), or None if one exceeds the cap."""
+        parts = []
+        for n, w in zip(lengths, weights, strict=True):
+            mine = [p for p in karmarkar_karp(w, min(k, len(n))) if p] if n else []
+            if any(sum(n[i] for i in p) > cap for p in mine):
+                return None
+            parts.append(mine)
+        return parts

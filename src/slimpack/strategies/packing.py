@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 Bins = list[list[int]]
+T = TypeVar("T")
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> Bins:
@@ -58,18 +60,15 @@ def least_loaded_fit(order: Sequence[int], lengths: Sequence[int], weights: Sequ
     return bins, left
 
 
-def fewest_bins(build: Callable[[int], Bins | None], lengths: Sequence[int], capacity: int,
-                lowest: int) -> Bins:
-    """``build(k)`` for k = lowest, lowest+1, ...: the first result whose every bin holds at most
-    ``capacity`` tokens (``None`` from ``build`` means it failed). Scans upward because fit is not
-    monotone in k for these heuristics; ``build(len(lengths))`` is expected to succeed."""
-    k = max(1, lowest)
-    while True:
-        bins = build(k)
-        if bins is not None and all(sum(lengths[i] for i in b) <= capacity for b in bins):
-            return bins
-        assert k < len(lengths), "one item per bin must fit"
-        k += 1
+def smallest_count(build: Callable[[int], T | None], lowest: int, highest: int) -> T:
+    """``build(k)`` for k = lowest, lowest+1, ..., highest: the first result that is not None (None
+    means k bins do not fit). Scans upward because fit is not monotone in k for these heuristics;
+    ``build(highest)`` must succeed (e.g. one item per bin)."""
+    for k in range(lowest, highest + 1):
+        result = build(k)
+        if result is not None:
+            return result
+    raise AssertionError(f"no bin count in [{lowest}, {highest}] fits")
 
 
 def small_at_ends(weights: Sequence[float]) -> list[int]:
