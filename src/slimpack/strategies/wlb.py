@@ -7,7 +7,7 @@ Per step:
    so the step that gets them gives every micro-batch one outlier. A call with an empty batch means
    the stream has ended and releases every queue.
 2. **Var-length packing** (§4.1, Algorithm 1): the documents to pack (left-overs of the previous
-   step first in line, then the new ones and any released outliers) sorted longest first each go to
+   step, the new non-outliers and any released outliers) sorted longest first each go to
    the micro-batch of least predicted latency if it has room under ``s_max`` tokens, else to the one
    of fewest tokens if that has room, else wait for the next step (``packing.least_loaded_fit``).
    Predicted latency is the cost model's forward + backward time of a middle stage (linear and
@@ -121,21 +121,8 @@ class WLBPlanner:
                 raise UserError(f"wlb: sample {s.id} has {s.length} tokens, above max_context={context}; "
                                 "cut documents to the context before planning (the data sampler does)")
         dp = self.config.parallel.dp
-        waiting = [s for queue in self.queues for s in queue]
-        previous = waiting + self.carry
-        pack = list(self.carry)
-        nominal = sum(s.length for s in pack) + sum(s.length for s in batch)
-        for s in batch:
-            level = bisect_right(self.outlier_lengths, s.length) - 1
-            (self.queues[level] if level >= 0 else pack).append(s)
-        if not batch:  # the stream has ended: nothing will come to fill the queues
-            nominal += sum(s.length for s in waiting)
-        num_micro_batches = dp * math.ceil(nominal / (dp * self.tokens_per_micro_batch))
-        for queue in self.queues:
-            full = 0 < num_micro_batches <= len(queue)
-            take = len(queue) if not batch else (num_micro_batches if full else 0)
-            pack.extend(queue[:take])
-            del queue[:take]
+        previous = [s for queue in self.queues for s in queue] + self.carry
+        pack, num_micro_batches = self._gather(batch)
         lengths = [s.length for s in pack]
         weights = self.latency(lengths)
         order = sorted(range(len(pack)), key=lambda i: (-lengths[i], pack[i].id))
@@ -153,6 +140,25 @@ class WLBPlanner:
         if self.config.parallel.cp > 1:
             info["cp_sharding"] = [[self._cp_choice(g) for g in groups] for groups in per_replica]
         return symmetric_plan(self.config, self.name, step, previous + list(batch), per_replica, info, deferred)
+
+    def _gather(self, batch: Sequence[Sample]) -> tuple[list[Sample], int]:
+        """Route the new outliers to their queues and open the full ones (all of them once the
+        stream has ended). Returns what to pack and the micro-batch count."""
+        dp = self.config.parallel.dp
+        pack = list(self.carry)
+        nominal = sum(s.length for s in pack) + sum(s.length for s in batch)
+        if not batch:  # the stream has ended: nothing will come to fill the queues
+            nominal += sum(s.length for queue in self.queues for s in queue)
+        for s in batch:
+            level = bisect_right(self.outlier_lengths, s.length) - 1
+            (self.queues[level] if level >= 0 else pack).append(s)
+        num_micro_batches = dp * math.ceil(nominal / (dp * self.tokens_per_micro_batch))
+        for queue in self.queues:
+            full = 0 < num_micro_batches <= len(queue)
+            take = len(queue) if not batch else (num_micro_batches if full else 0)
+            pack.extend(queue[:take])  # oldest first: one per micro-batch
+            del queue[:take]
+        return pack, num_micro_batches
 
     def _cp_choice(self, group: Group) -> str:
         """``"document"`` or ``"sequence"``: the CP sharding with the lower predicted time (§5)."""
