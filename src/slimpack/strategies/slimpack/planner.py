@@ -71,9 +71,11 @@ class SlimPackPlanner:
             self.cost.slice_cost(tokens, prefix, backward=backward) for tokens, prefix in segments(group))
 
     def _refine(self, groups: list[list[Slice]], *, backward: bool, stats: list[MilpResult]) -> list[list[Slice]]:
+        # the time limit is the whole plan's: two solves (forward, backward) per pipeline
+        budget = self.config.planner.milp_time_limit_s / (2 * self.config.parallel.dp)
         result = rebalance(groups, lambda g: self._group_cost(g, backward=backward),
                            lambda s: self.cost.slice_cost(s.tokens, s.start, backward=backward),
-                           time_limit_s=self.config.planner.milp_time_limit_s)
+                           time_limit_s=budget)
         stats.append(result)
         return result.groups
 
