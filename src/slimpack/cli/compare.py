@@ -12,7 +12,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from slimpack.cli.common import add_config_arguments, config_from_args, positive_int
+from slimpack.cli.common import (
+    add_config_arguments,
+    add_planner_arguments,
+    config_from_args,
+    positive_int,
+)
 from slimpack.compare import compare
 from slimpack.compare.run import check_strategies
 from slimpack.config import ParallelConfig, TrainConfig, build_config
@@ -41,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the per-strategy figures as JSON ('-' for stdout)")
     parser.add_argument("--report", metavar="DIR", help="write report.md, report.html and charts into DIR")
     add_config_arguments(parser)
+    add_planner_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

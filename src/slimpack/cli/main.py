@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "compare": "slimpack.cli.compare",
     "datasets": "slimpack.cli.datasets",
     "cost": "slimpack.cli.cost",
+    "plan": "slimpack.cli.plan",
 }
 
 EXIT_USER_ERROR = 2
