@@ -12,17 +12,17 @@ from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into
 
 
 def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
-    """The forward slices in order, with each sample's slices reversed in place: the order in which
-    backward can consume them (a sample's later slices first) while staying close to forward order."""
+    """The forward slices in order, with each sample's slices reversed over the positions they
+    occupy: the order in which backward can consume them (a sample's later slices first) while
+    staying close to forward order."""
     flat = [s for group in forward for s in group]
+    positions: dict[int, list[int]] = {}
+    for k, s in enumerate(flat):
+        positions.setdefault(s.sample_id, []).append(k)
     out = list(flat)
-    i = 0
-    while i < len(flat):
-        j = i
-        while j < len(flat) and flat[j].sample_id == flat[i].sample_id:
-            j += 1
-        out[i:j] = flat[i:j][::-1]
-        i = j
+    for places in positions.values():
+        for k, source in zip(places, reversed(places), strict=True):
+            out[k] = flat[source]
     return out
 
 
