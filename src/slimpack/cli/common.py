@@ -49,6 +49,22 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, training: bool = Tr
         group.add_argument("--seed", type=int, help="seed for batch sampling")
 
 
+PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
+                    ("asymmetric", "use_asymmetric", "regroup backward work on backward cost"),
+                    ("dp-merge", "use_dp_merge", "merge replicas into a CP group for outliers"),
+                    ("milp", "use_milp", "refine the heuristic with the HiGHS MILP"))
+
+
+def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+    """SlimPack's ablation switches (--no-slicing, ...) and its MILP time limit."""
+    group = parser.add_argument_group("SlimPack planner (ablations)")
+    for flag, field, text in PLANNER_SWITCHES:
+        group.add_argument(f"--no-{flag}", dest=field, action="store_false", default=None,
+                           help=f"do not {text}")
+    group.add_argument("--milp-time-limit", type=float, metavar="SECONDS", dest="milp_time_limit_s",
+                       help="wall-clock limit of the MILP refinement per plan")
+
+
 def config_from_args(args: argparse.Namespace, *, default: Config | None = None) -> Config:
     """Start from --config (or ``default``, or presets) and apply the flags that were given."""
     if getattr(args, "config", None):
@@ -63,8 +79,10 @@ def config_from_args(args: argparse.Namespace, *, default: Config | None = None)
     if hasattr(args, "max_context"):
         train = _override(train, max_context=args.max_context, global_batch_tokens=args.global_batch_tokens,
                           recompute=args.recompute, seed=args.seed)
+    planner = _override(base.planner, **{field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES},
+                        milp_time_limit_s=getattr(args, "milp_time_limit_s", None))
     return build_config(model=model, gpu=gpu, parallel=parallel, train=train,
-                        efficiency=base.efficiency, planner=base.planner)
+                        efficiency=base.efficiency, planner=planner)
 
 
 def _override(value: Any, **changes: Any) -> Any:

@@ -12,8 +12,10 @@ from slimpack.errors import UserError
 
 # name -> module; a module has HELP (one line), add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, str] = {
+    "compare": "slimpack.cli.compare",
     "datasets": "slimpack.cli.datasets",
     "cost": "slimpack.cli.cost",
+    "plan": "slimpack.cli.plan",
 }
 
 EXIT_USER_ERROR = 2

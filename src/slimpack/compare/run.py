@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimpack.config import Config
-from slimpack.data import GlobalBatchSampler, SamplerConfig
 from slimpack.data import Dataset as LengthDataset
+from slimpack.data import GlobalBatchSampler, SamplerConfig
 from slimpack.errors import UserError
 from slimpack.plan.types import Plan, Sample
 from slimpack.sim import SimResult, simulate

@@ -13,8 +13,9 @@ class PlannerConfig(ConfigBase):
     """Shortest slice SlimPack may cut (kernel efficiency); slice boundaries align to ``slice_align``."""
     slice_align: int = 128
     """Slice boundaries are multiples of this (the attention kernel's tile)."""
-    milp_time_limit_s: float = 2.0
-    """Wall-clock limit of the MILP refinement; the heuristic plan is kept on time-out."""
+    milp_time_limit_s: float = 0.5
+    """Wall-clock limit of the MILP refinement for a whole plan (shared by its solves); on time-out
+    the best solution found so far, at worst the heuristic's, is kept."""
     use_slicing: bool = True
     """Ablation switch: cut long samples into slices."""
     use_asymmetric: bool = True

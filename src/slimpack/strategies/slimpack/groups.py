@@ -12,17 +12,17 @@ from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into
 
 
 def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
-    """The forward slices in order, with each sample's slices reversed in place: the order in which
-    backward can consume them (a sample's later slices first) while staying close to forward order."""
+    """The forward slices in order, with each sample's slices reversed over the positions they
+    occupy: the order in which backward can consume them (a sample's later slices first) while
+    staying close to forward order."""
     flat = [s for group in forward for s in group]
+    positions: dict[int, list[int]] = {}
+    for k, s in enumerate(flat):
+        positions.setdefault(s.sample_id, []).append(k)
     out = list(flat)
-    i = 0
-    while i < len(flat):
-        j = i
-        while j < len(flat) and flat[j].sample_id == flat[i].sample_id:
-            j += 1
-        out[i:j] = flat[i:j][::-1]
-        i = j
+    for places in positions.values():
+        for k, source in zip(places, reversed(places), strict=True):
+            out[k] = flat[source]
     return out
 
 
@@ -48,11 +48,13 @@ def _canonical(group: Sequence[Slice]) -> Group:
     return tuple(sorted(group, key=lambda s: (order[s.sample_id], s.start)))
 
 
-def asymmetric_groups(forward: list[list[Slice]], num_groups: int, backward_cost: SliceCost,
-                      rules: CutRules) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
-    """Backward groups balanced on backward cost over the same slices (cut further where the
-    backward balance needs it; the forward groups get the same extra boundaries)."""
-    backward = cut_into_groups(backward_sequence(forward), num_groups, backward_cost, rules, from_end=True)
+def asymmetric_groups(forward: list[list[Slice]], backward_cost: SliceCost, rules: CutRules,
+                      weights: Sequence[float] | None = None) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """As many backward groups as forward groups, balanced on backward cost (in proportion to
+    ``weights`` when given) over the same slices, cut further where the backward balance needs it;
+    the forward groups get the same extra boundaries."""
+    backward = cut_into_groups(backward_sequence(forward), len(forward), backward_cost, rules, from_end=True,
+                               weights=weights)
     cuts: dict[int, set[int]] = {}
     for group in backward:
         for s in group:

@@ -37,6 +37,8 @@ class MilpResult:
     after: float
 
 
+ACTIVE_ABOVE = 0.01
+"""Groups more than this share above the mean (and their neighbours) are re-optimised."""
 SKIP_BELOW = 0.01
 """The MILP runs only when the heuristic's overload exceeds this share of the groups' total cost:
 below it, measured gains were within noise and not worth the solver time."""
@@ -49,28 +51,36 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     for g, group in enumerate(groups):
         for s in group:
             owner.setdefault(s.sample_id, set()).add(g)
-    # a sample wholly inside one group moves as one unit (all its slices there, in order)
-    units: dict[int, list[Slice]] = {}
-    for group in groups:
-        for s in group:
-            if len(owner[s.sample_id]) == 1:
-                units.setdefault(s.sample_id, []).append(s)
-    movable = [(next(iter(owner[sid])), tuple(slices)) for sid, slices in units.items()]
-    total = sum(group_cost(g) for g in groups)
+    loads = [group_cost(g) for g in groups]
+    total = sum(loads)
     mean = total / len(groups)
 
     def overload(candidate: Sequence[Sequence[Slice]]) -> float:
         return sum(max(0.0, group_cost(g) - mean) for g in candidate)
 
+    # only overloaded groups and their neighbours take part: the MILP stays small (and is solved to
+    # optimality within the node limit in practice), the rest of the pipeline is left as it is
+    active = sorted({n for g, load in enumerate(loads) if load > mean * (1 + ACTIVE_ABOVE)
+                     for n in range(max(0, g - window), min(len(groups), g + window + 1))})
+    in_active = set(active)
+    # a sample wholly inside one active group moves as one unit (all its slices there, in order)
+    units: dict[int, list[Slice]] = {}
+    for g in active:
+        for s in groups[g]:
+            if len(owner[s.sample_id]) == 1:
+                units.setdefault(s.sample_id, []).append(s)
+    movable = [(next(iter(owner[sid])), tuple(slices)) for sid, slices in units.items()]
+    staying = [[s for s in group if s.sample_id not in units] for group in groups]
     before = overload(groups)
     if not movable or len(groups) < 2 or before <= SKIP_BELOW * total:
         return MilpResult([list(g) for g in groups], "skipped", before, before)
-    fixed = [group_cost([s for s in group if len(owner[s.sample_id]) > 1]) for group in groups]
+    fixed = [group_cost(group) for group in staying]
     num_groups = len(groups)
     cols: list[tuple[int, int]] = []  # (movable index, group)
     for j, (home, _) in enumerate(movable):
         for g in range(max(0, home - window), min(num_groups, home + window + 1)):
-            cols.append((j, g))
+            if g in in_active:
+                cols.append((j, g))
     costs = np.array([sum(slice_cost(s) for s in unit) for _, unit in movable])
     h = highspy.Highs()
     for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
@@ -90,7 +100,7 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     for c, (j, g) in enumerate(cols):
         by_group[g].append(c)
         by_item[j].append(c)
-    for g in range(num_groups):  # Σ cost x - e_g <= mean - fixed_g
+    for g in range(num_groups):  # Σ cost x - e_g <= mean - fixed_g (inactive groups: no x, e_g = overload)
         idx = np.array([*by_group[g], num_x + g], dtype=np.int32)
         val = np.array([*(costs[cols[c][0]] for c in by_group[g]), -1.0])
         h.addRow(-inf, mean - fixed[g], len(idx), idx, val)
@@ -110,7 +120,7 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     values = np.asarray(h.getSolution().col_value)
     if len(values) != num_x + num_groups:
         return MilpResult([list(g) for g in groups], "failed", before, before)
-    new_groups: list[list[Slice]] = [[s for s in group if len(owner[s.sample_id]) > 1] for group in groups]
+    new_groups: list[list[Slice]] = [list(group) for group in staying]
     for j, (_, unit) in enumerate(movable):
         target = max(by_item[j], key=lambda c: (values[c], -abs(cols[c][1] - movable[j][0])))
         new_groups[cols[target][1]].extend(unit)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -36,6 +37,23 @@ MERGE_SHARES = (None, 1.0, 0.5)
 """DP-Merge thresholds tried: an outlier costing more than this share of a replica's work merges."""
 LOOKAHEADS = (0, 2)
 """Extra forwards a stage may run ahead of 1F1B (memory permitting)."""
+TAPERS = (1.0, 0.5)
+"""Relative size of the first and last pp-1 groups (1.0 = no tapering). Smaller groups at the
+pipeline's ends shrink its fill and drain bubbles (beyond the paper; kept where simulation says so)."""
+
+
+class Shape(NamedTuple):
+    """One candidate shape of a pipeline's plan."""
+
+    num_groups: int
+    lookahead: int = 0
+    taper: float = 1.0
+
+    def weights(self, pp: int) -> list[float] | None:
+        ends = pp - 1
+        if self.taper == 1.0 or self.num_groups <= 2 * ends:
+            return None
+        return [self.taper] * ends + [1.0] * (self.num_groups - 2 * ends) + [self.taper] * ends
 SCORE_PIPELINES = 3
 """Pipelines simulated per candidate (the heaviest ones); the chosen plan is simulated whole."""
 
@@ -71,13 +89,15 @@ class SlimPackPlanner:
             self.cost.slice_cost(tokens, prefix, backward=backward) for tokens, prefix in segments(group))
 
     def _refine(self, groups: list[list[Slice]], *, backward: bool, stats: list[MilpResult]) -> list[list[Slice]]:
+        # the time limit is the whole plan's: two solves (forward, backward) per pipeline
+        budget = self.config.planner.milp_time_limit_s / (2 * self.config.parallel.dp)
         result = rebalance(groups, lambda g: self._group_cost(g, backward=backward),
                            lambda s: self.cost.slice_cost(s.tokens, s.start, backward=backward),
-                           time_limit_s=self.config.planner.milp_time_limit_s)
+                           time_limit_s=budget)
         stats.append(result)
         return result.groups
 
-    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], num_groups: int, lookahead: int,
+    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
                   milp: list[MilpResult] | None = None) -> PipelinePlan:
         """The pipeline's groups and order; with ``milp`` (a list collecting solver results) the
         heuristic groups are refined by the MILP."""
@@ -87,11 +107,14 @@ class SlimPackPlanner:
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
-        forward = cut_into_groups(pieces, num_groups, self._forward_cost, self.rules)
+        pp = self.config.parallel.pp
+        weights = shape.weights(pp)
+        forward = cut_into_groups(pieces, shape.num_groups, self._forward_cost, self.rules, weights=weights)
         if milp is not None:
             forward = self._refine(forward, backward=False, stats=milp)
         if self.config.planner.use_asymmetric:
-            fwd, bwd = asymmetric_groups(forward, len(forward), self._backward_cost, self.rules)
+            fwd, bwd = asymmetric_groups(forward, self._backward_cost, self.rules,
+                                         weights if len(forward) == shape.num_groups else None)
             if milp is not None:
                 bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, stats=milp))
         else:
@@ -99,15 +122,14 @@ class SlimPackPlanner:
             bwd = symmetric_backward(fwd)
         per_token = self.cost.activation_bytes(1.0, virtual_stage=0, cp=cp)
         order = dependency_aware(
-            backward_needs(fwd, bwd), num_forward=len(fwd), pp=self.config.parallel.pp, lookahead=lookahead,
+            backward_needs(fwd, bwd), num_forward=len(fwd), pp=pp, lookahead=shape.lookahead,
             forward_bytes=[per_token * sum(s.tokens for s in g) for g in fwd],
             backward_freed_bytes=[per_token * sum(s.tokens for s in g) for g in bwd], cap_bytes=self.cap)
         return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd, order=order,
                             formations=formations(fwd))  # type: ignore[arg-type]
 
     # ---- scoring --------------------------------------------------------------------------
-    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], num_groups: int, lookahead: int
-               ) -> tuple[bool, float, float]:
+    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> tuple[bool, float, float]:
         """(fits, step time, peak memory) of the sub-plan made of ``bins``' pipelines alone."""
         width = sum(len(b.replicas) for b in bins)
         config = dataclasses.replace(self.config, parallel=dataclasses.replace(self.config.parallel, dp=width))
@@ -115,37 +137,33 @@ class SlimPackPlanner:
         for b in bins:
             renumbered = Bin(tuple(range(next_replica, next_replica + len(b.replicas))), b.items, b.load)
             next_replica += len(b.replicas)
-            pipelines.append(self._pipeline(renumbered, samples, num_groups, lookahead))
+            pipelines.append(self._pipeline(renumbered, samples, shape))
         members = [samples[i] for b in bins for i in b.items]
         result = simulate(Plan(config=config, strategy=self.name, samples=tuple(members),
                                pipelines=tuple(pipelines)), CostModel(config), check=False)
         return not result.oom, result.step_time_s, max(result.peak_memory_bytes)
 
     def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]
-                ) -> tuple[tuple[bool, float, float], int, int, int]:
-        """Best (score, K, look-ahead, candidates tried) for these bins: a coarse sweep of K, then
-        K's neighbours and the look-aheads around the best, scored on the heaviest pipelines."""
+                ) -> tuple[tuple[bool, float, float], Shape, int]:
+        """Best (score, shape, candidates tried) for these bins: a coarse sweep of K, then K's
+        neighbours, then look-aheads and tapering around the best, scored on the heaviest pipelines."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
         scored_bins = [bins[b] for b in sorted(heavy[:SCORE_PIPELINES])]
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
         tokens = max(sum(samples[i].length for i in b.items) for b in bins)
         limit = max(1, min(tokens // self.rules.min_slice + most_samples, 64 * pp))
-        scores: dict[tuple[int, int], tuple[bool, float, float]] = {}
+        scores: dict[Shape, tuple[bool, float, float]] = {}
 
-        def rank(candidate: tuple[int, int]) -> tuple[bool, float]:
-            fits, step_time, peak = scores[candidate]
-            return (not fits, step_time if fits else peak)
+        def evaluate(candidates: set[Shape]) -> Shape:
+            for shape in sorted(candidates - scores.keys()):
+                scores[shape] = self._score(scored_bins, samples, shape)
+            return min(scores, key=lambda c: (not scores[c][0], scores[c][1] if scores[c][0] else scores[c][2], c))
 
-        def evaluate(candidates: set[tuple[int, int]]) -> tuple[int, int]:
-            for candidate in sorted(candidates - scores.keys()):
-                scores[candidate] = self._score(scored_bins, samples, *candidate)
-            return min(scores, key=lambda c: (*rank(c), c))
-
-        k_best, _ = evaluate({(min(limit, m * pp), 0) for m in GROUPS_PER_STAGE})
-        k_best, _ = evaluate({(max(1, round(k_best * f)), 0) for f in (0.7, 1.4)} | {(k_best, 0)})
-        best = evaluate({(k_best, la) for la in LOOKAHEADS})
-        return scores[best], best[0], best[1], len(scores)
+        k = evaluate({Shape(min(limit, m * pp)) for m in GROUPS_PER_STAGE}).num_groups
+        k = evaluate({Shape(max(1, round(k * f))) for f in (0.7, 1.0, 1.4)}).num_groups
+        best = evaluate({Shape(k, la, taper) for la in LOOKAHEADS for taper in TAPERS})
+        return scores[best], best, len(scores)
 
     # ---- the step -------------------------------------------------------------------------
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
@@ -165,16 +183,17 @@ class SlimPackPlanner:
             if layout in layouts:
                 continue  # this threshold merges nothing new
             layouts.add(layout)
-            score, num_groups, lookahead, count = self._search(bins, samples)
+            score, shape, count = self._search(bins, samples)
             tried += count
             rank = (not score[0], score[1] if score[0] else score[2])
             if best is None or rank < best[0]:
-                best = (rank, bins, num_groups, lookahead, share, len(merges))
+                best = (rank, bins, shape, share, len(merges))
         assert best is not None
-        _, bins, num_groups, lookahead, share, num_merged = best
+        _, bins, shape, share, num_merged = best
         milp: list[MilpResult] | None = [] if knobs.use_milp else None
-        pipelines = tuple(self._pipeline(b, samples, num_groups, lookahead, milp) for b in bins)
-        info = {"num_groups": num_groups, "lookahead": lookahead, "merge_share": share,
+        pipelines = tuple(self._pipeline(b, samples, shape, milp) for b in bins)
+        info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead, "taper": shape.taper,
+                "merge_share": share,
                 "merged_pipelines": num_merged, "candidates": tried,
                 "milp": _milp_summary(milp), "planner_time_s": time.perf_counter() - began}
         return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),

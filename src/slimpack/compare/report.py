@@ -1,0 +1,137 @@
+"""The comparison report: report.md and a self-contained report.html (images embedded)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import platform
+import shlex
+from importlib import metadata
+from pathlib import Path
+
+from slimpack.compare.charts import gantt_chart, group_time_chart, memory_chart, throughput_chart
+from slimpack.compare.run import Comparison
+
+GIB = 2**30
+CHARTS = (
+    ("throughput.png", "Throughput", "Simulated tokens per second of each strategy over the same steps."),
+    ("gantt.png", "One step, device by device",
+     "The median step of each strategy (first pipelines shown): forward, backward, gradient sync and "
+     "idle time per device. Gaps are pipeline bubbles and imbalance."),
+    ("group_times.png", "Group time spread",
+     "Forward and backward time of every group of the median step on a middle stage."),
+    ("memory.png", "Peak memory", "Peak memory per pipeline stage against the GPU's usable memory."),
+)
+
+
+def _versions() -> str:
+    names = ("slimpack", "numpy", "highspy", "matplotlib", "rich")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return f"Python {platform.python_version()}; " + ", ".join(found)
+
+
+def _markdown_table(rows: list[dict]) -> str:
+    head = ("| strategy | tokens/s | step mean (s) | step p95 (s) | vs fixed | efficiency | bubble | "
+            "peak mem (GiB) | OOM steps | planner p50 (s) | delay (steps/token) | failed steps |")
+    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
+
+    def f(value: float | None, spec: str) -> str:
+        return "—" if value is None else format(value, spec)
+
+    for r in rows:
+        lines.append(
+            f"| {r['strategy']} | {r['tokens_per_s']:,.0f} | {f(r['step_time_mean_s'], '.3f')} | "
+            f"{f(r['step_time_p95_s'], '.3f')} | {f(r['speedup_vs_fixed'], '.2f')}x | {f(r['efficiency'], '.3f')} | "
+            f"{f(None if r['bubble_fraction'] is None else 100 * r['bubble_fraction'], '.1f')}% | "
+            f"{r['peak_memory_bytes'] / GIB:.1f} / {(r['memory_capacity_bytes'] or 0) / GIB:.1f} | "
+            f"{len(r['oom_steps'])} | {f(r['planner_time_p50_s'], '.3f')} | "
+            f"{r['mean_delay_steps_per_token']:.2f} | {len(r['failed_steps'])} |")
+    return "\n".join(lines)
+
+
+def write_report(comparison: Comparison, directory: Path, *, command: list[str]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = comparison.table()
+    throughput_chart(rows, directory / "throughput.png")
+    gantt_chart(comparison.runs, directory / "gantt.png")
+    group_time_chart(comparison.runs, directory / "group_times.png")
+    memory_chart(comparison.runs, directory / "memory.png")
+    config = comparison.config
+    par = config.parallel
+    winner = max(rows, key=lambda r: r["tokens_per_s"])
+    summary = (f"**{winner['strategy']}** is fastest: {winner['tokens_per_s']:,.0f} tokens/s"
+               + (f", {winner['speedup_vs_fixed']:.2f}x the fixed-length baseline" if winner["speedup_vs_fixed"] else "")
+               + (f", efficiency {winner['efficiency']:.3f}." if winner["efficiency"] is not None else "."))
+    setup = (f"{comparison.dataset} dataset; {config.model.name} on {par.num_devices} x {config.cluster.name} "
+             f"(tp {par.tp}, pp {par.pp}, dp {par.dp}, cp {par.cp}, vpp {par.virtual_stages}); "
+             f"{config.train.max_context} max context; {config.train.global_batch_tokens:,} tokens per batch; "
+             f"recompute {config.train.recompute}; {len(comparison.runs[0].steps)} steps.")
+    failures = [f"- {r['strategy']}: failed on step(s) {r['failed_steps']}: {'; '.join(r['errors'])}"
+                for r in rows if r["failed_steps"]]
+    sections = [f"# slimpack comparison\n\n{summary}\n\n{setup}\n", _markdown_table(rows)]
+    if failures:
+        sections.append("Failures:\n\n" + "\n".join(failures))
+    sections.append("Efficiency = ideal step time (the plan's compute spread evenly over all GPUs) / simulated "
+                    "step time. Delay = steps a token waited because its strategy deferred it.")
+    for file, title, text in CHARTS:
+        if (directory / file).exists():
+            sections.append(f"## {title}\n\n{text}\n\n![{title}]({file})")
+    sections.append(f"## Reproduce\n\n```\n{shlex.join(command)}\n```\n\n{_versions()}")
+    markdown = "\n\n".join(sections) + "\n"
+    (directory / "report.md").write_text(markdown)
+    (directory / "report.html").write_text(_html(markdown, directory))
+    return directory / "report.html"
+
+
+def _html(markdown: str, directory: Path) -> str:
+    """A minimal Markdown-to-HTML rendering of the report (headings, tables, images, code)."""
+    out, in_table, in_code = [], False, False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            out.append("</pre>" if in_code else "<pre>")
+            in_code = not in_code
+            continue
+        if in_code:
+            out.append(html.escape(line))
+            continue
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if set("".join(cells)) <= set("-:"):
+                continue
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("!["):
+            file = line[line.index("(") + 1:-1]
+            data = base64.b64encode((directory / file).read_bytes()).decode()
+            out.append(f'<p><img alt="{html.escape(file)}" src="data:image/png;base64,{data}"></p>')
+        elif line.startswith("## "):
+            out.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("# "):
+            out.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.strip():
+            out.append(f"<p>{_inline(line)}</p>")
+    if in_table:
+        out.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}img{max-width:100%}pre{background:#f4f4f4;padding:8px}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>slimpack comparison</title>"
+            f"<style>{style}</style></head><body>\n" + "\n".join(out) + "\n</body></html>\n")
+
+
+def _inline(text: str) -> str:
+    escaped = html.escape(text)
+    parts = escaped.split("**")
+    return "".join(f"<b>{p}</b>" if k % 2 else p for k, p in enumerate(parts))
