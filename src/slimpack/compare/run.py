@@ -37,6 +37,9 @@ class StepRecord:
     """Tokens trained in this step (deferred ones excluded, earlier deferrals included)."""
     delayed_token_steps: int
     """Σ tokens × steps waited, over the samples this step trains."""
+    drain: bool = False
+    """An extra step with no new samples, run so a deferring strategy trains what it still holds
+    (every strategy is then charged for the same tokens)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +67,8 @@ class StrategyRun:
         peak = max((max(r.peak_memory_bytes) for r in results), default=0.0)  # type: ignore[union-attr]
         return {
             "strategy": self.name,
-            "steps": len(self.steps),
+            "steps": sum(1 for s in self.steps if not s.drain),
+            "drain_steps": sum(1 for s in self.steps if s.drain),
             "failed_steps": [s.step for s in self.steps if s.result is None],
             "errors": sorted({s.error for s in self.steps if s.error}),
             "tokens_per_s": tokens / sum(times) if times else 0.0,
@@ -131,11 +135,18 @@ def check_strategies(names: Sequence[str]) -> None:
         raise UserError("--strategies is empty")
 
 
+MAX_DRAIN_STEPS = 8
+
+
 def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
                  on_step: Callable[[], None] = lambda: None) -> StrategyRun:
     planner = make_planner(name, config)
-    records, plans = [], []
-    for step, batch in enumerate(batches):
+    records: list[StepRecord] = []
+    plans: list[Plan | None] = []
+    steps = [list(b) for b in batches]
+    step = 0
+    while step < len(steps):
+        batch = steps[step]
         began = time.perf_counter()
         try:
             plan = planner.plan(batch, step=step)
@@ -143,18 +154,25 @@ def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
             result = simulate(plan)
         except Exception as exc:  # a strategy's failure on one step must not stop the comparison
             records.append(StepRecord(step=step, error=f"{type(exc).__name__}: {exc}", planner_time_s=0.0,
-                                      result=None, scheduled_tokens=0, delayed_token_steps=0))
+                                      result=None, scheduled_tokens=0, delayed_token_steps=0,
+                                      drain=step >= len(batches)))
             plans.append(None)
             on_step()
+            step += 1
             continue
         deferred = set(plan.deferred)
         trained = [s for s in plan.samples if s.id not in deferred]
         records.append(StepRecord(
             step=step, error=None, planner_time_s=planner_time, result=result,
             scheduled_tokens=sum(s.length for s in trained),
-            delayed_token_steps=sum(s.length * (step - s.arrival_step) for s in trained)))
+            delayed_token_steps=sum(s.length * (step - s.arrival_step) for s in trained),
+            drain=step >= len(batches)))
         plans.append(plan)
-        on_step()
+        if step < len(batches):
+            on_step()
+        if step == len(steps) - 1 and plan.deferred and len(steps) < len(batches) + MAX_DRAIN_STEPS:
+            steps.append([])
+        step += 1
     return StrategyRun(name=name, steps=tuple(records), plans=tuple(plans))
 
 
