@@ -10,12 +10,12 @@ Must not import torch.
 
 from __future__ import annotations
 
-from slimpack.errors import UserError
+from slimpack.errors import InvalidPlanError
 from slimpack.plan.types import Plan, Slice
 from slimpack.schedule.default import pipeline_graph
 
 
-class PlanError(UserError):
+class PlanError(InvalidPlanError):
     """A plan that is not valid; the message names the offending entry."""
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slimpack.errors import UserError
+from slimpack.errors import InvalidPlanError
 from slimpack.plan.types import Action, PipelinePlan
 
 SEQ, P2P, DEP = 0, 1, 2
 
 
-class ScheduleError(UserError):
+class ScheduleError(InvalidPlanError):
     """An order that misses or repeats actions, or that deadlocks."""
 
 
