@@ -63,22 +63,23 @@ def draw_gantt(ax: Axes, result: SimResult, *, max_pipelines: int = 8, title: st
                   fontsize=7 if num_rows > 16 else 9)
     ax.set_xlabel("time (s)")
     ax.tick_params(axis="y", length=0)
-    _label_boxes(ax, labels, end, num_rows)
     extra = f" (pipelines {shown[0]}-{shown[-1]} of {len(pipelines)})" if len(shown) < len(pipelines) else ""
     ax.set_title(title if title is not None else _title(result, extra))
     handles = [Patch(facecolor=COLORS[k], label=LEGEND[k]) for k in COLORS]
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    _label_boxes(ax, labels, num_rows)  # last: the title and legend take space from the axes
 
 
-def _label_boxes(ax: Axes, labels: list[tuple[float, float, int, str]], end: float, num_rows: int) -> None:
+def _label_boxes(ax: Axes, labels: list[tuple[float, float, int, str]], num_rows: int) -> None:
     """Write group numbers where they fit: measured in pixels of the axes as laid out now."""
     ax.figure.draw_without_rendering()  # run the layout engine so the axes has its final size
     box = ax.get_window_extent()
     pixels_per_point = ax.figure.dpi / 72.0
     if box.height / num_rows < 1.3 * LABEL_POINTS * pixels_per_point:
         return  # rows too thin for any text
-    pixels_per_s = box.width / end
+    left, right = ax.get_xlim()
+    pixels_per_s = box.width / (right - left)
     char_px = CHAR_WIDTH * LABEL_POINTS * pixels_per_point
     for start, stop, row, text in labels:
         if (stop - start) * pixels_per_s >= len(text) * char_px + 3:
