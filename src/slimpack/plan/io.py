@@ -16,6 +16,10 @@ from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
 
 PLAN_FORMAT = "slimpack-plan"
 PLAN_VERSION = 1
+# Keys a reader knows; anything else is refused (a misspelt optional key would otherwise vanish).
+PLAN_KEYS = ("format", "version", "strategy", "step", "config", "samples", "deferred", "pipelines", "info")
+SAMPLE_KEYS = ("id", "length", "arrival_step")
+PIPELINE_KEYS = ("replicas", "cp", "forward", "backward", "order", "formations")
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -60,6 +64,12 @@ def _optional(data: dict[str, Any], key: str, kind: type, where: str, default: A
     return default if data.get(key) is None else _field(data, key, kind, where)
 
 
+def _known_keys(data: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {unknown}; valid: {', '.join(keys)}")
+
+
 def _int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"{where}: expected an integer, got {value!r:.60}")
@@ -100,18 +110,21 @@ def plan_from_dict(data: dict[str, Any], *, where: str = "plan") -> Plan:
     version = _field(data, "version", int, where)
     if version != PLAN_VERSION:
         raise UserError(f"{where}: plan version {version} is not supported (this slimpack reads {PLAN_VERSION})")
+    _known_keys(data, PLAN_KEYS, where)
     config = Config.from_dict(_field(data, "config", dict, where), where=f"{where}.config")
     samples = []
     for i, raw in enumerate(_field(data, "samples", list, where)):
         at = f"{where}.samples[{i}]"
         samples.append(Sample(id=_field(raw, "id", int, at), length=_field(raw, "length", int, at),
                               arrival_step=_optional(raw, "arrival_step", int, at, 0)))
+        _known_keys(raw, SAMPLE_KEYS, at)
     deferred = tuple(_int(v, f"{where}.deferred[{i}]")
                      for i, v in enumerate(_optional(data, "deferred", list, where, [])))
     pipelines = []
     for p, raw in enumerate(_field(data, "pipelines", list, where)):
         at = f"{where}.pipelines[{p}]"
         replicas = tuple(_int(v, f"{at}.replicas[{i}]") for i, v in enumerate(_field(raw, "replicas", list, at)))
+        _known_keys(raw, PIPELINE_KEYS, at)
         order_raw = _optional(raw, "order", list, at, None)
         order = None
         if order_raw is not None:
