@@ -1,6 +1,12 @@
 import pytest
 
+from helpers import config
 from slimpack.cli.main import main
+from slimpack.plan import Plan, plan_to_dict
+from slimpack.plan.types import Sample
+from slimpack.strategies import make_planner
+
+SMALL_LENGTHS = (3000, 1500, 5000, 800, 2500, 4096, 700, 1200)
 
 
 def run_cli(argv: list[str]) -> int:
@@ -14,3 +20,15 @@ def run_cli(argv: list[str]) -> int:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def small_plan() -> Plan:
+    """A real ``fixed`` plan on pp=2 x dp=2 (sample 0 is 3000 tokens, whole, in pipeline 0)."""
+    batch = [Sample(id=i, length=n) for i, n in enumerate(SMALL_LENGTHS)]
+    return make_planner("fixed", config(pp=2, dp=2, max_context=4096)).plan(batch, step=1)
+
+
+@pytest.fixture(scope="session")
+def small_plan_dict(small_plan) -> dict:
+    return plan_to_dict(small_plan)

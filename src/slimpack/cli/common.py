@@ -1,4 +1,5 @@
-"""Flags shared by several commands: model, cluster and layout, so every command spells them alike."""
+"""Flags shared by several commands (model, cluster and layout, so every command spells them alike)
+and output helpers they share."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from slimpack.config import (
     build_config,
     load_config,
 )
+from slimpack.plan import Plan
 
 
 def positive_int(text: str) -> int:
@@ -95,4 +97,18 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-__all__ = ["add_config_arguments", "config_from_args", "positive_int", "print_json"]
+def plan_summary(plan: Plan) -> str:
+    """One line: what the plan runs and on what."""
+    par = plan.config.parallel
+    deferred = set(plan.deferred)
+    scheduled = [s for s in plan.samples if s.id not in deferred]
+    forward = sum(len(p.forward) for p in plan.pipelines)
+    backward = sum(len(p.backward) for p in plan.pipelines)
+    late = f" ({len(deferred)} deferred)" if deferred else ""
+    return (f"strategy {plan.strategy}, step {plan.step}: {len(plan.pipelines)} pipeline(s) on "
+            f"tp={par.tp} pp={par.pp} dp={par.dp} cp={par.cp} ({par.num_devices} GPUs), "
+            f"{forward} forward / {backward} backward groups, {len(scheduled)} samples{late}, "
+            f"{sum(s.length for s in scheduled)} tokens")
+
+
+__all__ = ["add_config_arguments", "config_from_args", "plan_summary", "positive_int", "print_json"]

@@ -1,4 +1,5 @@
-"""Entry point: dispatches to the command modules and turns user errors into one line + exit 2."""
+"""Entry point: dispatches to the command modules and turns user errors into one line: exit 1 for a
+plan that fails the checker, exit 2 for any other bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from slimpack import __version__
-from slimpack.errors import UserError
+from slimpack.errors import InvalidPlanError, UserError
 
 # name -> module; a module has HELP (one line), add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, str] = {
@@ -16,8 +17,11 @@ COMMANDS: dict[str, str] = {
     "datasets": "slimpack.cli.datasets",
     "cost": "slimpack.cli.cost",
     "plan": "slimpack.cli.plan",
+    "validate": "slimpack.cli.validate",
+    "simulate": "slimpack.cli.simulate",
 }
 
+EXIT_INVALID_PLAN = 1
 EXIT_USER_ERROR = 2
 
 
@@ -51,6 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     try:
         return int(args.run(args) or 0)
+    except InvalidPlanError as exc:
+        if args.debug:
+            raise
+        print(f"slimpack {args.command}: invalid plan: {exc}", file=sys.stderr)
+        return EXIT_INVALID_PLAN
     except (UserError, OSError) as exc:
         if args.debug:
             raise

@@ -10,13 +10,12 @@ Must not import torch.
 
 from __future__ import annotations
 
-from slimpack.errors import UserError
+from slimpack.errors import InvalidPlanError
 from slimpack.plan.types import Plan, Slice
-from slimpack.schedule.dag import build_graph, topological_order
-from slimpack.schedule.default import default_order
+from slimpack.schedule.default import pipeline_graph
 
 
-class PlanError(UserError):
+class PlanError(InvalidPlanError):
     """A plan that is not valid; the message names the offending entry."""
 
 
@@ -103,32 +102,35 @@ def _check_order(sid: int, slices: list[tuple[int, int, int, int]], *, reverse: 
                             f"are not {rule}")
 
 
-def check_plan(plan: Plan, cost: object | None = None) -> None:
-    """Raise ``PlanError`` naming the first problem; return None for a valid plan."""
+def check_groups(plan: Plan) -> None:
+    """Every check but the schedule's: samples, replicas, coverage and slice order. Raises ``PlanError``."""
     lengths = _check_samples(plan)
     _check_replicas(plan)
     deferred = set(plan.deferred)
     owner: dict[int, int] = {}
-    par = plan.config.parallel
     for p, pipe in enumerate(plan.pipelines):
         where = f"pipelines[{p}]"
         fwd = _slices_by_sample(pipe.forward, lengths, deferred, f"{where}.forward")
         bwd = _slices_by_sample(pipe.backward, lengths, deferred, f"{where}.backward")
-        for sid in fwd.keys() | bwd.keys():
+        for sid in sorted(fwd.keys() | bwd.keys()):
             if sid in owner:
                 raise PlanError(f"{where}: sample {sid} is also scheduled in pipelines[{owner[sid]}]")
             owner[sid] = p
-        for sid, slices in fwd.items():
-            _check_partition(sid, slices, lengths[sid], f"{where}.forward")
-            _check_order(sid, slices, reverse=False, where=f"{where}.forward")
-        for sid, slices in bwd.items():
-            _check_partition(sid, slices, lengths[sid], f"{where}.backward")
-            _check_order(sid, slices, reverse=True, where=f"{where}.backward")
-            if sorted(s[:2] for s in slices) != sorted(s[:2] for s in fwd.get(sid, [])):
+            # a sample seen in one pass only is reported as missing from the other
+            _check_partition(sid, fwd.get(sid, []), lengths[sid], f"{where}.forward")
+            _check_partition(sid, bwd.get(sid, []), lengths[sid], f"{where}.backward")
+            _check_order(sid, fwd[sid], reverse=False, where=f"{where}.forward")
+            _check_order(sid, bwd[sid], reverse=True, where=f"{where}.backward")
+            if sorted(s[:2] for s in fwd[sid]) != sorted(s[:2] for s in bwd[sid]):
                 raise PlanError(f"{where}: sample {sid} is cut into different slices in forward and backward")
-        order = default_order(pipe, plan.config, cost)
-        graph = build_graph(pipe, order, pp=par.pp, chunks=par.virtual_stages, where=where)
-        topological_order(graph, where)
     missing = sorted(set(lengths) - deferred - set(owner))
     if missing:
         raise PlanError(f"sample(s) {missing[:8]} are neither scheduled nor deferred ({len(missing)} in all)")
+
+
+def check_plan(plan: Plan, cost: object | None = None) -> None:
+    """Raise ``PlanError`` (or ``ScheduleError``) naming the first problem; return None for a valid plan.
+    ``cost`` (a ``CostModel``) gives the default schedule its memory cap, as the simulator runs it."""
+    check_groups(plan)
+    for p, pipe in enumerate(plan.pipelines):
+        pipeline_graph(pipe, plan.config, cost, where=f"pipelines[{p}]")

@@ -16,6 +16,10 @@ from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
 
 PLAN_FORMAT = "slimpack-plan"
 PLAN_VERSION = 1
+# Keys a reader knows; anything else is refused (a misspelt optional key would otherwise vanish).
+PLAN_KEYS = ("format", "version", "strategy", "step", "config", "samples", "deferred", "pipelines", "info")
+SAMPLE_KEYS = ("id", "length", "arrival_step")
+PIPELINE_KEYS = ("replicas", "cp", "forward", "backward", "order", "formations")
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -55,6 +59,17 @@ def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     return value
 
 
+def _optional(data: dict[str, Any], key: str, kind: type, where: str, default: Any) -> Any:
+    """An optional field: ``default`` when absent or null, else checked like a required one."""
+    return default if data.get(key) is None else _field(data, key, kind, where)
+
+
+def _known_keys(data: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {unknown}; valid: {', '.join(keys)}")
+
+
 def _int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"{where}: expected an integer, got {value!r:.60}")
@@ -78,6 +93,15 @@ def _groups(raw: Any, where: str) -> tuple[tuple[Slice, ...], ...]:
     return tuple(groups)
 
 
+def _action(value: Any, where: str) -> Action:
+    if not isinstance(value, str):
+        raise UserError(f"{where}: expected an action such as \"F3\" or \"B3.1\", got {value!r:.60}")
+    try:
+        return Action.parse(value)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+
+
 def plan_from_dict(data: dict[str, Any], *, where: str = "plan") -> Plan:
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a JSON object")
@@ -86,26 +110,28 @@ def plan_from_dict(data: dict[str, Any], *, where: str = "plan") -> Plan:
     version = _field(data, "version", int, where)
     if version != PLAN_VERSION:
         raise UserError(f"{where}: plan version {version} is not supported (this slimpack reads {PLAN_VERSION})")
+    _known_keys(data, PLAN_KEYS, where)
     config = Config.from_dict(_field(data, "config", dict, where), where=f"{where}.config")
     samples = []
     for i, raw in enumerate(_field(data, "samples", list, where)):
         at = f"{where}.samples[{i}]"
-        samples.append(Sample(id=_int(_field(raw, "id", int, at), f"{at}.id"),
-                              length=_int(_field(raw, "length", int, at), f"{at}.length"),
-                              arrival_step=_int(raw.get("arrival_step", 0), f"{at}.arrival_step")))
+        samples.append(Sample(id=_field(raw, "id", int, at), length=_field(raw, "length", int, at),
+                              arrival_step=_optional(raw, "arrival_step", int, at, 0)))
+        _known_keys(raw, SAMPLE_KEYS, at)
     deferred = tuple(_int(v, f"{where}.deferred[{i}]")
-                     for i, v in enumerate(data.get("deferred", [])))
+                     for i, v in enumerate(_optional(data, "deferred", list, where, [])))
     pipelines = []
     for p, raw in enumerate(_field(data, "pipelines", list, where)):
         at = f"{where}.pipelines[{p}]"
-        replicas = tuple(_int(v, f"{at}.replicas") for v in _field(raw, "replicas", list, at))
-        order_raw = raw.get("order")
+        replicas = tuple(_int(v, f"{at}.replicas[{i}]") for i, v in enumerate(_field(raw, "replicas", list, at)))
+        _known_keys(raw, PIPELINE_KEYS, at)
+        order_raw = _optional(raw, "order", list, at, None)
         order = None
         if order_raw is not None:
-            if not isinstance(order_raw, list) or not all(isinstance(s, list) for s in order_raw):
+            if not all(isinstance(s, list) for s in order_raw):
                 raise UserError(f"{at}.order: expected null or a list (per stage) of action lists")
-            order = tuple(tuple(Action.parse(str(a)) for a in stage) for stage in order_raw)
-        formations = raw.get("formations")
+            order = tuple(tuple(_action(a, f"{at}.order[{s}]") for a in stage) for s, stage in enumerate(order_raw))
+        formations = _optional(raw, "formations", list, at, None)
         if formations is not None:
             bad = [f for f in formations if f not in ("slim", "mix", "pack")]
             if bad:
@@ -116,9 +142,9 @@ def plan_from_dict(data: dict[str, Any], *, where: str = "plan") -> Plan:
             forward=_groups(_field(raw, "forward", list, at), f"{at}.forward"),
             backward=_groups(_field(raw, "backward", list, at), f"{at}.backward"),
             order=order, formations=formations))
-    return Plan(config=config, strategy=str(_field(data, "strategy", str, where)),
-                step=_int(data.get("step", 0), f"{where}.step"), samples=tuple(samples),
-                deferred=deferred, pipelines=tuple(pipelines), info=dict(data.get("info") or {}))
+    return Plan(config=config, strategy=_field(data, "strategy", str, where),
+                step=_optional(data, "step", int, where, 0), samples=tuple(samples),
+                deferred=deferred, pipelines=tuple(pipelines), info=_optional(data, "info", dict, where, {}))
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

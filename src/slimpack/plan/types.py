@@ -60,7 +60,7 @@ class Action(NamedTuple):
     def parse(text: str) -> Action:
         kind, rest = text[:1], text[1:]
         group_text, _, chunk_text = rest.partition(".")
-        if kind not in ("F", "B") or not group_text.isdigit() or (chunk_text and not chunk_text.isdigit()):
+        if kind not in ("F", "B") or not group_text.isdecimal() or (chunk_text and not chunk_text.isdecimal()):
             raise UserError(f"bad action {text!r}: expected F<group> or B<group>, optionally .<chunk>")
         return Action(kind, int(group_text), int(chunk_text) if chunk_text else 0)  # type: ignore[arg-type]
 

@@ -9,7 +9,7 @@ from slimpack.schedule.builders import (
     one_f_one_b,
     order_to_text,
 )
-from slimpack.schedule.default import default_order
+from slimpack.schedule.default import default_order, pipeline_graph
 
 __all__ = ["Order", "backward_needs", "default_order", "dependency_aware", "gpipe", "interleaved_1f1b",
-           "one_f_one_b", "order_to_text"]
+           "one_f_one_b", "order_to_text", "pipeline_graph"]

@@ -19,6 +19,7 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from slimpack.plan.types import Action, Group
 
@@ -30,6 +31,7 @@ def gpipe(num_groups: int, pp: int) -> Order:
     return (stage,) * pp
 
 
+@lru_cache(maxsize=64)  # every pipeline of a plan with the same number of groups gets the same order
 def one_f_one_b(num_groups: int, pp: int) -> Order:
     need = list(range(1, num_groups + 1))
     return dependency_aware(need, num_forward=num_groups, pp=pp)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slimpack.errors import UserError
+from slimpack.errors import InvalidPlanError
 from slimpack.plan.types import Action, PipelinePlan
 
 SEQ, P2P, DEP = 0, 1, 2
 
 
-class ScheduleError(UserError):
+class ScheduleError(InvalidPlanError):
     """An order that misses or repeats actions, or that deadlocks."""
 
 
@@ -41,22 +41,24 @@ class ActionGraph:
 
 def _check_actions(order: tuple[tuple[Action, ...], ...], num_forward: int, num_backward: int,
                    chunks: int, where: str) -> None:
+    # Actions are tuples, so they compare and hash like the (kind, group, chunk) keys here
     expected = {("F", g, c) for g in range(num_forward) for c in range(chunks)}
     expected |= {("B", g, c) for g in range(num_backward) for c in range(chunks)}
     for stage, actions in enumerate(order):
-        seen: set[tuple[str, int, int]] = set()
+        seen = set(actions)
+        if len(seen) == len(expected) == len(actions) and seen == expected:
+            continue  # the common case, decided without a loop in Python
+        seen = set()
         for action in actions:
-            key = tuple(action)
-            if key not in expected:
+            if action not in expected:
                 raise ScheduleError(f"{where}: stage {stage} has action {action} which names no group/chunk "
                                     f"of this pipeline ({num_forward} forward, {num_backward} backward groups)")
-            if key in seen:
+            if action in seen:
                 raise ScheduleError(f"{where}: stage {stage} runs {action} twice")
-            seen.add(key)  # type: ignore[arg-type]
+            seen.add(action)
         missing = expected - seen
-        if missing:
-            example = Action(*sorted(missing)[0])  # type: ignore[arg-type]
-            raise ScheduleError(f"{where}: stage {stage} never runs {example} ({len(missing)} action(s) missing)")
+        example = Action(*sorted(missing)[0])  # type: ignore[arg-type]
+        raise ScheduleError(f"{where}: stage {stage} never runs {example} ({len(missing)} action(s) missing)")
 
 
 def build_graph(pipeline: PipelinePlan, order: tuple[tuple[Action, ...], ...], *, pp: int, chunks: int,
@@ -64,23 +66,22 @@ def build_graph(pipeline: PipelinePlan, order: tuple[tuple[Action, ...], ...], *
     if len(order) != pp:
         raise ScheduleError(f"{where}: order has {len(order)} stage(s), the layout has pp={pp}")
     _check_actions(order, len(pipeline.forward), len(pipeline.backward), chunks, where)
-    nodes: list[tuple[int, Action]] = []
-    index: dict[tuple[str, int, int], int] = {}  # (kind, group, virtual stage) -> node
-    for device, actions in enumerate(order):
-        for action in actions:
-            index[(action.kind, action.group, action.chunk * pp + device)] = len(nodes)
-            nodes.append((device, action))
+    nodes = [(device, action) for device, actions in enumerate(order) for action in actions]
+    # (kind, group, virtual stage) -> node
+    index = {(kind, group, chunk * pp + device): node
+             for node, (device, (kind, group, chunk)) in enumerate(nodes)}
     preds: list[list[tuple[int, int]]] = [[] for _ in nodes]
     pos = 0
     for actions in order:
-        for k in range(1, len(actions)):
-            preds[pos + k].append((pos + k - 1, SEQ))
+        for node in range(pos + 1, pos + len(actions)):
+            preds[node].append((node - 1, SEQ))
         pos += len(actions)
     last = pp * chunks - 1
     for (kind, group, vstage), node in index.items():
-        if kind == "F" and vstage > 0:
-            preds[node].append((index[("F", group, vstage - 1)], P2P))
-        if kind == "B" and vstage < last:
+        if kind == "F":
+            if vstage > 0:
+                preds[node].append((index[("F", group, vstage - 1)], P2P))
+        elif vstage < last:
             preds[node].append((index[("B", group, vstage + 1)], P2P))
     # data dependencies between slices of one sample, on every virtual stage
     f_group = {(s.sample_id, s.start): g for g, grp in enumerate(pipeline.forward) for s in grp}

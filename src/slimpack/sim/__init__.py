@@ -1,6 +1,8 @@
-"""The DAG simulator: time, memory and metrics of a Plan's step; traces and plots. No torch."""
+"""The DAG simulator: time, memory and metrics of a Plan's step; Chrome traces; plots in
+``slimpack.sim.plots`` (imported on demand: it loads matplotlib). No torch."""
 
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 from slimpack.sim.simulate import simulate
+from slimpack.sim.trace import chrome_trace, save_chrome_trace
 
-__all__ = ["DeviceMemory", "SimResult", "Span", "simulate"]
+__all__ = ["DeviceMemory", "SimResult", "Span", "chrome_trace", "save_chrome_trace", "simulate"]

@@ -20,105 +20,118 @@ from collections.abc import Sequence
 import numpy as np
 
 from slimpack.cost import CostModel, model_training_flops
-from slimpack.plan.check import check_plan
-from slimpack.plan.types import Group, PipelinePlan, Plan, segments
-from slimpack.schedule.dag import P2P, build_graph, topological_order
-from slimpack.schedule.default import default_order
+from slimpack.plan.check import check_groups
+from slimpack.plan.types import Group, Plan, segments
+from slimpack.schedule.dag import P2P
+from slimpack.schedule.default import pipeline_graph
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
+GroupArrays = tuple[np.ndarray, np.ndarray, int]
+"""A group as the cost model takes it: tokens per slice, prefix per slice (float, as the cost model
+computes with it), total tokens."""
 
-def _group_arrays(groups: Sequence[Group]) -> list[tuple[np.ndarray, np.ndarray, int]]:
-    """(tokens, prefix, total tokens) of each group's attention segments."""
+
+def _group_arrays(groups: Sequence[Group]) -> list[GroupArrays]:
+    """Each group's attention segments (contiguous slices of one sample merged, see ``segments``)."""
     out = []
     for group in groups:
-        tokens, prefix = zip(*segments(group), strict=True)
-        out.append((np.array(tokens, dtype=np.int64), np.array(prefix, dtype=np.int64), sum(tokens)))
+        tokens, prefix = zip(*segments(group), strict=True) if group else ((), ())
+        out.append((np.array(tokens, dtype=np.int64), np.array(prefix, dtype=np.float64), sum(tokens)))
     return out
 
 
 class _PipelineRun:
-    """Timeline and memory of one pipeline."""
+    """Timeline and memory of one pipeline. Per-node values live in flat lists indexed by node id:
+    the simulator's hot loops run over tens of thousands of nodes (see docs/sim-speed.md)."""
 
     def __init__(self, plan: Plan, index: int, cost: CostModel) -> None:
         self.index = index
-        pipe: PipelinePlan = plan.pipelines[index]
+        pipe = plan.pipelines[index]
         par = plan.config.parallel
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self.fwd = _group_arrays(pipe.forward)
         self.bwd = _group_arrays(pipe.backward)
-        order = default_order(pipe, plan.config, cost)
-        graph = build_graph(pipe, order, pp=self.pp, chunks=self.chunks, where=f"pipelines[{index}]")
-        topo = topological_order(graph, where=f"pipelines[{index}]")
-        self.graph = graph
-        cache: dict[tuple[str, int, bool, bool], float] = {}
-        num_chunks = self.pp * self.chunks
-        duration = [0.0] * len(graph.nodes)
-        for node, (_, action) in enumerate(graph.nodes):
-            vstage = graph.virtual_stage(node)
-            key = (action.kind, action.group, vstage == 0, vstage == num_chunks - 1)
-            if key not in cache:
-                tokens, prefix, _ = (self.fwd if action.kind == "F" else self.bwd)[action.group]
-                cache[key] = cost.group_time(tokens, prefix, virtual_stage=vstage,
-                                             backward=action.kind == "B", cp=self.cp)
-            duration[node] = cache[key]
-        start = [0.0] * len(graph.nodes)
-        end = [0.0] * len(graph.nodes)
-        p2p_cache: dict[tuple[str, int, int, int], float] = {}
+        graph, topo = pipeline_graph(pipe, plan.config, cost, where=f"pipelines[{index}]")
+        self.nodes = graph.nodes
+        self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
+        self.tokens = [(self.fwd if a.kind == "F" else self.bwd)[a.group][2] for _, a in graph.nodes]
+        # a group's time depends on its chunk only through the embedding (first) and head (last)
+        self._times: dict[tuple[str, int, bool, bool], float] = {}
+        self.duration = [self._group_time(cost, a.kind, a.group, v)
+                         for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
+        self.start, self.end = self._timeline(cost, graph.preds, topo)
+        self.device_end = [0.0] * self.pp
+        for (device, _), end in zip(graph.nodes, self.end, strict=True):
+            self.device_end[device] = max(self.device_end[device], end)
+        middle = (self.pp * self.chunks) // 2
+        self.group_times = (tuple(self._group_time(cost, "F", g, middle) for g in range(len(self.fwd))),
+                            tuple(self._group_time(cost, "B", g, middle) for g in range(len(self.bwd))))
+
+    def _group_time(self, cost: CostModel, kind: str, group: int, vstage: int) -> float:
+        key = (kind, group, vstage == 0, vstage == self.pp * self.chunks - 1)
+        if key not in self._times:
+            tokens, prefix, _ = (self.fwd if kind == "F" else self.bwd)[group]
+            self._times[key] = cost.group_time(tokens, prefix, virtual_stage=vstage,
+                                               backward=kind == "B", cp=self.cp)
+        return self._times[key]
+
+    def _timeline(self, cost: CostModel, preds: list[list[tuple[int, int]]],
+                  topo: list[int]) -> tuple[list[float], list[float]]:
+        """Longest path in topological order: a node starts when its device is free and its inputs
+        are in (a cross-stage input after its producer's end plus the P2P transfer)."""
+        num = len(self.nodes)
+        local: list[list[int]] = [[] for _ in range(num)]
+        hop_src, hop_delay = [-1] * num, [0.0] * num  # at most one P2P input per node
+        transfer: dict[tuple[int, int, int], float] = {}
+        for node, node_preds in enumerate(preds):
+            for pred, kind in node_preds:
+                if kind != P2P:
+                    local[node].append(pred)
+                    continue
+                key = (self.tokens[node], self.nodes[pred][0], self.nodes[node][0])
+                if key not in transfer:
+                    transfer[key] = cost.p2p_time(key[0], from_stage=key[1], to_stage=key[2], cp=self.cp)
+                hop_src[node], hop_delay[node] = pred, transfer[key]
+        start, end, duration = [0.0] * num, [0.0] * num, self.duration
         for node in topo:
             ready = 0.0
-            device, action = graph.nodes[node]
-            for pred, kind in graph.preds[node]:
-                arrival = end[pred]
-                if kind == P2P:
-                    src = graph.nodes[pred][0]
-                    key = (action.kind, action.group, src, device)
-                    if key not in p2p_cache:
-                        tokens = (self.fwd if action.kind == "F" else self.bwd)[action.group][2]
-                        p2p_cache[key] = cost.p2p_time(tokens, from_stage=src, to_stage=device, cp=self.cp)
-                    arrival += p2p_cache[key]
-                ready = max(ready, arrival)
+            for pred in local[node]:
+                if end[pred] > ready:
+                    ready = end[pred]
+            src = hop_src[node]
+            if src >= 0 and end[src] + hop_delay[node] > ready:
+                ready = end[src] + hop_delay[node]
             start[node] = ready
             end[node] = ready + duration[node]
-        self.start, self.end, self.duration = start, end, duration
-        self.group_times = self._middle_stage_times(cost)
-
-    def _middle_stage_times(self, cost: CostModel) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        vstage = (self.pp * self.chunks) // 2
-        def times(groups: list[tuple[np.ndarray, np.ndarray, int]], backward: bool) -> tuple[float, ...]:
-            return tuple(cost.group_time(t, p, virtual_stage=vstage, backward=backward, cp=self.cp)
-                         for t, p, _ in groups)
-        return times(self.fwd, False), times(self.bwd, True)
-
-    def device_end(self, device: int) -> float:
-        return max((self.end[n] for n, (d, _) in enumerate(self.graph.nodes) if d == device), default=0.0)
+        return start, end
 
     def spans(self) -> list[Span]:
-        out = []
-        for node, (device, action) in enumerate(self.graph.nodes):
-            tokens = (self.fwd if action.kind == "F" else self.bwd)[action.group][2]
-            out.append(Span(self.index, device, action.kind, action.group, action.chunk,
-                            self.start[node], self.end[node], tokens))
-        return out
+        return [Span(self.index, device, action.kind, action.group, action.chunk, s, e, tokens)
+                for (device, action), s, e, tokens in zip(self.nodes, self.start, self.end, self.tokens, strict=True)]
 
-    def memory(self, cost: CostModel, device: int) -> DeviceMemory:
-        """Live bytes on ``device``: per-slice kept activations plus the running action's working set."""
-        states = cost.model_state_bytes(device)
-        events: list[tuple[float, int, float]] = []  # (time, 0 = free first / 1 = allocate, bytes)
-        for node, (d, action) in enumerate(self.graph.nodes):
-            if d != device:
-                continue
-            vstage = self.graph.virtual_stage(node)
-            tokens = (self.fwd if action.kind == "F" else self.bwd)[action.group][2]
-            kept = cost.activation_bytes(tokens, virtual_stage=vstage, cp=self.cp)
-            work = cost.working_bytes(tokens, cp=self.cp)
+    def memory(self, cost: CostModel) -> list[DeviceMemory]:
+        """Live bytes per device: per-group kept activations plus the running action's working set."""
+        events: list[list[tuple[float, int, float]]] = [[] for _ in range(self.pp)]
+        sizes: dict[tuple[int, int], tuple[float, float]] = {}  # (tokens, virtual stage) -> (kept, work)
+        for node, (device, action) in enumerate(self.nodes):
+            key = (self.tokens[node], self.vstage[node])
+            if key not in sizes:
+                sizes[key] = (cost.activation_bytes(key[0], virtual_stage=key[1], cp=self.cp),
+                              cost.working_bytes(key[0], cp=self.cp))
+            kept, work = sizes[key]
+            # (time, 0 = free first / 1 = allocate, bytes): at equal times frees come first
             if action.kind == "F":
-                events.append((self.start[node], 1, kept))
+                events[device].append((self.start[node], 1, kept))
             else:
-                events.append((self.end[node], 0, -kept))
-            events.append((self.start[node], 1, work))
-            events.append((self.end[node], 0, -work))
+                events[device].append((self.end[node], 0, -kept))
+            events[device].append((self.start[node], 1, work))
+            events[device].append((self.end[node], 0, -work))
+        return [self._step_function(cost, device, device_events) for device, device_events in enumerate(events)]
+
+    def _step_function(self, cost: CostModel, device: int, events: list[tuple[float, int, float]]) -> DeviceMemory:
+        states = cost.model_state_bytes(device)
         events.sort(key=lambda e: (e[0], e[1]))
         times, live, level = [0.0], [states], states
         for time, _, delta in events:
@@ -136,7 +149,7 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -
     """Simulate one step of ``plan``. ``check`` runs the plan checker first (the default)."""
     cost = cost or CostModel(plan.config)
     if check:
-        check_plan(plan, cost)
+        check_groups(plan)  # the schedule's checks run as each pipeline's graph is built
     config = plan.config
     par = config.parallel
     runs = [_PipelineRun(plan, p, cost) for p in range(len(plan.pipelines))]
@@ -145,7 +158,7 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -
     compute_end = max((span.end_s for span in spans), default=0.0)
     step_time = 0.0
     for stage in range(par.pp):
-        ready = max((run.device_end(stage) for run in runs), default=0.0)
+        ready = max((run.device_end[stage] for run in runs), default=0.0)
         sync = cost.grad_sync_time(stage)
         optim = cost.optimizer_time(stage)
         for run in runs:
@@ -159,7 +172,7 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -
     run_lengths = [length for sid, length in lengths.items() if sid not in deferred]
     num_tokens = sum(run_lengths)
     model_flops = sum(model_training_flops(config.model, n) for n in run_lengths)
-    memory = tuple(run.memory(cost, d) for run in runs for d in range(par.pp))
+    memory = tuple(m for run in runs for m in run.memory(cost))
     peak = tuple(max((m.peak_bytes for m in memory if m.stage == d), default=0.0) for d in range(par.pp))
     capacity = config.cluster.usable_memory_bytes
     bubble = 1.0 - busy / (stage_devices * compute_end) if compute_end > 0 else 0.0

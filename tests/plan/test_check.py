@@ -1,0 +1,200 @@
+"""The checker accepts every valid random plan and rejects each kind of broken edit of one, with a
+message that names the offending pipeline, pass, sample, token range or action."""
+
+import dataclasses
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from helpers import config
+from random_plans import plans
+from slimpack.cost import CostModel
+from slimpack.plan.check import PlanError, check_plan
+from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
+from slimpack.schedule.dag import ScheduleError
+from slimpack.schedule.default import default_order
+
+SETTINGS = settings(max_examples=60, deadline=None)
+PASSES = ("forward", "backward")
+
+
+def _edit(plan, p, which, groups):
+    """The plan with pipeline ``p``'s ``which`` groups replaced (forward edits drop the formations,
+    whose count follows the forward groups)."""
+    pipe = plan.pipelines[p]
+    changes = {which: tuple(tuple(g) for g in groups)}
+    if which == "forward":
+        changes["formations"] = None
+    pipelines = list(plan.pipelines)
+    pipelines[p] = dataclasses.replace(pipe, **changes)
+    return dataclasses.replace(plan, pipelines=tuple(pipelines))
+
+
+def _pick_slice(data, plan):
+    """(pipeline, pass, group, position) of a random slice."""
+    p = data.draw(st.integers(0, len(plan.pipelines) - 1))
+    which = data.draw(st.sampled_from(PASSES))
+    groups = getattr(plan.pipelines[p], which)
+    g = data.draw(st.integers(0, len(groups) - 1))
+    k = data.draw(st.integers(0, len(groups[g]) - 1))
+    return p, which, g, k
+
+
+def _rejected(plan, *fragments):
+    with pytest.raises((PlanError, ScheduleError)) as info:
+        check_plan(plan, CostModel(plan.config))
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    return message
+
+
+@SETTINGS
+@given(plans())
+def test_random_plans_are_valid(plan):
+    check_plan(plan, CostModel(plan.config))
+
+
+@SETTINGS
+@given(plans(), st.data())
+def test_a_dropped_slice_is_named(plan, data):
+    p, which, g, k = _pick_slice(data, plan)
+    groups = [list(grp) for grp in getattr(plan.pipelines[p], which)]
+    sid, start, end = groups[g].pop(k)
+    groups = [grp for grp in groups if grp]
+    _rejected(_edit(plan, p, which, groups), f"pipelines[{p}].{which}", f"sample {sid} tokens [{start}, {end}) are in no group")
+
+
+@SETTINGS
+@given(plans(), st.data())
+def test_duplicated_tokens_are_named(plan, data):
+    p, which, g, k = _pick_slice(data, plan)
+    groups = [list(grp) for grp in getattr(plan.pipelines[p], which)]
+    copy = groups[g][k]
+    target = data.draw(st.integers(0, len(groups) - 1))
+    groups[target].append(copy)
+    _rejected(_edit(plan, p, which, groups), f"pipelines[{p}].{which}",
+              f"sample {copy.sample_id} tokens [{copy.start}, {copy.end}) appear twice")
+
+
+@SETTINGS
+@given(plans(), st.data())
+def test_overlapping_slices_are_named(plan, data):
+    p, which, g, k = _pick_slice(data, plan)
+    groups = [list(grp) for grp in getattr(plan.pipelines[p], which)]
+    sid, start, end = groups[g][k]
+    following = [s for grp in groups for s in grp if s.sample_id == sid and s.start == end]
+    assume(following)
+    stretch = data.draw(st.integers(1, following[0].tokens))
+    groups[g][k] = Slice(sid, start, end + stretch)
+    _rejected(_edit(plan, p, which, groups), f"pipelines[{p}].{which}",
+              f"sample {sid} tokens [{end}, {end + stretch}) appear twice")
+
+
+@SETTINGS
+@given(plans(), st.data())
+def test_slices_swapped_across_groups_break_the_order(plan, data):
+    p, which, g, k = _pick_slice(data, plan)
+    groups = [list(grp) for grp in getattr(plan.pipelines[p], which)]
+    sid = groups[g][k].sample_id
+    others = [(h, j) for h, grp in enumerate(groups) for j, s in enumerate(grp) if s.sample_id == sid and h != g]
+    assume(others)
+    h, j = data.draw(st.sampled_from(others))
+    groups[g][k], groups[h][j] = groups[h][j], groups[g][k]
+    _rejected(_edit(plan, p, which, groups), f"pipelines[{p}].{which}", f"slices of sample {sid}", "are not in")
+
+
+@SETTINGS
+@given(plans(), st.data())
+def test_different_cuts_in_forward_and_backward_are_named(plan, data):
+    p, which, g, k = _pick_slice(data, plan)
+    groups = [list(grp) for grp in getattr(plan.pipelines[p], which)]
+    sid, start, end = groups[g][k]
+    following = [(h, j) for h, grp in enumerate(groups) for j, s in enumerate(grp) if s.sample_id == sid and s.start == end]
+    assume(following and end - start > 1)
+    h, j = following[0]
+    cut = end - 1  # move the boundary one token earlier in this pass only
+    groups[g][k] = Slice(sid, start, cut)
+    groups[h][j] = Slice(sid, cut, groups[h][j].end)
+    _rejected(_edit(plan, p, which, groups), f"pipelines[{p}]", f"sample {sid} is cut into different slices")
+
+
+@SETTINGS
+@given(plans(), st.data(), st.booleans())
+def test_a_missing_or_repeated_action_is_named(plan, data, repeat):
+    cost = CostModel(plan.config)
+    p = data.draw(st.integers(0, len(plan.pipelines) - 1))
+    order = [list(stage) for stage in default_order(plan.pipelines[p], plan.config, cost)]
+    stage = data.draw(st.integers(0, len(order) - 1))
+    k = data.draw(st.integers(0, len(order[stage]) - 1))
+    action = order[stage][k]
+    if repeat:
+        order[stage].insert(data.draw(st.integers(0, len(order[stage]))), action)
+        expected = f"stage {stage} runs {action} twice"
+    else:
+        order[stage].pop(k)
+        expected = f"stage {stage} never runs {action}"
+    pipelines = list(plan.pipelines)
+    pipelines[p] = dataclasses.replace(plan.pipelines[p], order=tuple(tuple(s) for s in order))
+    _rejected(dataclasses.replace(plan, pipelines=tuple(pipelines)), f"pipelines[{p}]", expected)
+
+
+@SETTINGS
+@given(plans(), st.data())
+def test_a_backward_moved_first_deadlocks(plan, data):
+    cost = CostModel(plan.config)
+    p = data.draw(st.integers(0, len(plan.pipelines) - 1))
+    order = [list(stage) for stage in default_order(plan.pipelines[p], plan.config, cost)]
+    stage = data.draw(st.integers(0, len(order) - 1))
+    backward = [a for a in order[stage] if a.kind == "B"]
+    action = data.draw(st.sampled_from(backward))
+    order[stage].remove(action)
+    order[stage].insert(0, action)  # before any forward on this stage: its own forward cannot have run
+    pipelines = list(plan.pipelines)
+    pipelines[p] = dataclasses.replace(plan.pipelines[p], order=tuple(tuple(s) for s in order))
+    _rejected(dataclasses.replace(plan, pipelines=tuple(pipelines)), f"pipelines[{p}]: the order deadlocks")
+
+
+def _two_sample_plan():
+    samples = (Sample(id=0, length=100), Sample(id=1, length=50))
+    a = PipelinePlan(replicas=(0,), cp=1, forward=((Slice(0, 0, 100),),), backward=((Slice(0, 0, 100),),))
+    b = PipelinePlan(replicas=(1,), cp=1, forward=((Slice(1, 0, 50),),), backward=((Slice(1, 0, 50),),))
+    return Plan(config=config(pp=2, dp=2), strategy="test", samples=samples, pipelines=(a, b))
+
+
+@pytest.mark.parametrize(("edit", "fragment"), [
+    (lambda p: dataclasses.replace(p, samples=(*p.samples, Sample(id=0, length=3))), "samples[2]: duplicate sample id 0"),
+    (lambda p: dataclasses.replace(p, samples=(Sample(id=0, length=0), p.samples[1])), "sample 0 has length 0"),
+    (lambda p: dataclasses.replace(p, deferred=(7,)), "deferred: sample id 7 is not among the samples"),
+    (lambda p: dataclasses.replace(p, deferred=(1,)), "pipelines[1].forward[0][0] = [1, 0, 50]: sample 1 is deferred"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0],)), "replica(s) [1] run no pipeline"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], replicas=(0,)))),
+     "pipelines[1]: replica 0 already runs pipelines[0]"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], replicas=(5,)))),
+     "pipelines[1]: replica 5 is out of range 0..1"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], cp=2))),
+     "pipelines[1]: cp=2 but 1 merged replica(s)"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], forward=((Slice(9, 0, 5),),)))),
+     "pipelines[1].forward[0][0] = [9, 0, 5]: unknown sample id 9"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], forward=((Slice(1, 0, 60),),)))),
+     "pipelines[1].forward[0][0] = [1, 0, 60]: range is not within [0, 50)"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], backward=((), (Slice(1, 0, 50),))))),
+     "pipelines[1].backward[0]: empty group"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], forward=p.pipelines[0].forward, backward=p.pipelines[0].backward))),
+     "pipelines[1]: sample 0 is also scheduled in pipelines[0]"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], formations=("slim", "pack")))),
+     "pipelines[1]: 2 formations for 1 forward groups"),
+    (lambda p: dataclasses.replace(p, pipelines=(p.pipelines[0], dataclasses.replace(p.pipelines[1], order=((Action("F", 0), Action("B", 0)),)))),
+     "pipelines[1]: order has 1 stage(s), the layout has pp=2"),
+])
+def test_hand_made_errors_are_named(edit, fragment):
+    check_plan(_two_sample_plan())
+    _rejected(edit(_two_sample_plan()), fragment)
+
+
+def test_interleaving_an_asymmetric_plan_is_a_schedule_error():
+    forward = ((Slice(0, 0, 5),), (Slice(0, 5, 10),))
+    pipe = PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=forward[::-1])
+    plan = Plan(config=config(pp=2, vpp=2), strategy="test", samples=(Sample(id=0, length=10),), pipelines=(pipe,))
+    _rejected(plan, "pipelines[0]: interleaved schedules")
