@@ -19,7 +19,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(BIN)/slimpack datasets
+	$(BIN)/slimpack compare --report $(DEMO_REPORT)
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

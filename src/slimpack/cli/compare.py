@@ -78,9 +78,17 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         from slimpack.compare.report import write_report
 
-        path = write_report(comparison, Path(args.report), command=["slimpack", *sys.argv[1:]])
+        path = write_report(comparison, Path(args.report), command=["slimpack", *args.argv])
         console.print(f"report: {path}")
     return 0
+
+
+def _tokens(count: int) -> str:
+    """4194304 -> '4M', 262144 -> '256K'."""
+    for unit, scale in (("M", 2**20), ("K", 2**10)):
+        if count >= scale and count % (scale // 4) == 0:
+            return f"{count / scale:g}{unit}"
+    return f"{count:,}"
 
 
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
@@ -91,7 +99,7 @@ def _table(rows: list[dict], config, dataset: str, steps: int) -> Table:
     par = config.parallel
     table = Table(title=f"{dataset}: {config.model.name} on {par.num_devices}x {config.cluster.name} "
                         f"(tp {par.tp}, pp {par.pp}, dp {par.dp}, cp {par.cp}), {config.train.max_context // 1024}K context, "
-                        f"{config.train.global_batch_tokens / 2**20:.0f}M-token batches, {steps} steps")
+                        f"{_tokens(config.train.global_batch_tokens)}-token batches, {steps} steps")
     for name, justify in (("strategy", "left"), ("tokens/s", "right"), ("step mean", "right"),
                           ("step p95", "right"), ("vs fixed", "right"), ("efficiency", "right"),
                           ("bubble", "right"), ("peak mem / cap", "right"), ("OOM steps", "right"),

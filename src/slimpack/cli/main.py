@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the exact command, for reports that say how to reproduce them
     if args.command is None:
         parser.print_help()
         return EXIT_USER_ERROR

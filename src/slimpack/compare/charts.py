@@ -96,14 +96,15 @@ def memory_chart(runs: Sequence[StrategyRun], path: Path) -> None:
         return
     stages = len(peaks[0][1])
     width = 0.8 / len(peaks)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * stages + 3), 3.8))
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * stages + 3), 4.2))
     for k, (name, values, _) in enumerate(peaks):
         ax.bar([s + k * width - 0.4 + width / 2 for s in range(stages)], values, width, label=name)
     ax.axhline(peaks[0][2], color="#d62828", linestyle="--", linewidth=1, label="usable memory")
     ax.set_xticks(range(stages), [f"stage {s}" for s in range(stages)])
     ax.set_ylabel("peak memory per GPU (GiB)")
     ax.set_title("Peak memory per pipeline stage (max over replicas and steps)")
-    ax.legend(fontsize=8, ncol=min(4, len(peaks) + 1), loc="lower right")
+    ax.legend(fontsize=8, ncol=min(8, len(peaks) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
