@@ -54,77 +54,74 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     loads = [group_cost(g) for g in groups]
     total = sum(loads)
     mean = total / len(groups)
-
-    def overload(candidate: Sequence[Sequence[Slice]]) -> float:
-        return sum(max(0.0, group_cost(g) - mean) for g in candidate)
-
-    # only overloaded groups and their neighbours take part: the MILP stays small (and is solved to
-    # optimality within the node limit in practice), the rest of the pipeline is left as it is
+    before = sum(max(0.0, load - mean) for load in loads)
+    unchanged = MilpResult([list(g) for g in groups], "skipped", before, before)
+    if len(groups) < 2 or before <= SKIP_BELOW * total:
+        return unchanged
+    # only overloaded groups and their neighbours take part: the MILP stays small, the rest of the
+    # pipeline is left as it is
     active = sorted({n for g, load in enumerate(loads) if load > mean * (1 + ACTIVE_ABOVE)
                      for n in range(max(0, g - window), min(len(groups), g + window + 1))})
-    in_active = set(active)
+    column_of = {g: k for k, g in enumerate(active)}
     # a sample wholly inside one active group moves as one unit (all its slices there, in order)
     units: dict[int, list[Slice]] = {}
     for g in active:
         for s in groups[g]:
             if len(owner[s.sample_id]) == 1:
                 units.setdefault(s.sample_id, []).append(s)
+    if not units:
+        return unchanged
     movable = [(next(iter(owner[sid])), tuple(slices)) for sid, slices in units.items()]
-    staying = [[s for s in group if s.sample_id not in units] for group in groups]
-    before = overload(groups)
-    if not movable or len(groups) < 2 or before <= SKIP_BELOW * total:
-        return MilpResult([list(g) for g in groups], "skipped", before, before)
-    fixed = [group_cost(group) for group in staying]
-    num_groups = len(groups)
-    cols: list[tuple[int, int]] = []  # (movable index, group)
-    for j, (home, _) in enumerate(movable):
-        for g in range(max(0, home - window), min(num_groups, home + window + 1)):
-            if g in in_active:
-                cols.append((j, g))
-    costs = np.array([sum(slice_cost(s) for s in unit) for _, unit in movable])
+    staying = {g: [s for s in groups[g] if s.sample_id not in units] for g in active}
+    fixed = {g: group_cost(staying[g]) for g in active}
+    costs = [sum(slice_cost(s) for s in unit) for _, unit in movable]
+    cols = [(j, g) for j, (home, _) in enumerate(movable)
+            for g in range(home - window, home + window + 1) if g in column_of]
+    num_x, num_e = len(cols), len(active)
     h = highspy.Highs()
     for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
-                          ("time_limit", time_limit_s), ("mip_max_nodes", node_limit), ("mip_heuristic_effort", 0.3)):
+                          ("time_limit", max(1e-3, time_limit_s)), ("mip_max_nodes", node_limit),
+                          ("mip_heuristic_effort", 0.3)):
         h.setOptionValue(option, value)
     inf = highspy.kHighsInf
-    num_x = len(cols)
-    # columns: x (binary), then one overload e_g per group
-    objective = np.concatenate([np.zeros(num_x), np.ones(num_groups)])
-    upper = np.concatenate([np.ones(num_x), np.full(num_groups, inf)])
-    h.addCols(num_x + num_groups, objective, np.zeros(num_x + num_groups), upper, 0,
-              np.array([], dtype=np.int32), np.array([], dtype=np.int32), np.array([]))
+    # columns: x (binary) for every (unit, group) pair, then one overload e_g per active group
+    h.addCols(num_x + num_e, np.concatenate([np.zeros(num_x), np.ones(num_e)]), np.zeros(num_x + num_e),
+              np.concatenate([np.ones(num_x), np.full(num_e, inf)]), 0, np.array([], dtype=np.int32),
+              np.array([], dtype=np.int32), np.array([]))
     h.changeColsIntegrality(num_x, np.arange(num_x, dtype=np.int32),
                             np.array([highspy.HighsVarType.kInteger] * num_x))
-    by_group: list[list[int]] = [[] for _ in range(num_groups)]
+    by_group: dict[int, list[int]] = {g: [] for g in active}
     by_item: list[list[int]] = [[] for _ in movable]
     for c, (j, g) in enumerate(cols):
         by_group[g].append(c)
         by_item[j].append(c)
-    for g in range(num_groups):  # Σ cost x - e_g <= mean - fixed_g (inactive groups: no x, e_g = overload)
-        idx = np.array([*by_group[g], num_x + g], dtype=np.int32)
-        val = np.array([*(costs[cols[c][0]] for c in by_group[g]), -1.0])
-        h.addRow(-inf, mean - fixed[g], len(idx), idx, val)
-    for j in range(len(movable)):
-        idx = np.array(by_item[j], dtype=np.int32)
-        h.addRow(1.0, 1.0, len(idx), idx, np.ones(len(idx)))
-    start = [1.0 if cols[c][1] == movable[cols[c][0]][0] else 0.0 for c in range(num_x)]
-    start += [max(0.0, group_cost(group) - mean) for group in groups]
+    for g in active:  # Σ cost·x − e_g ≤ mean − fixed_g
+        idx = np.array([*by_group[g], num_x + column_of[g]], dtype=np.int32)
+        h.addRow(-inf, mean - fixed[g], len(idx), idx, np.array([*(costs[cols[c][0]] for c in by_group[g]), -1.0]))
+    for items in by_item:  # every unit in exactly one group
+        h.addRow(1.0, 1.0, len(items), np.array(items, dtype=np.int32), np.ones(len(items)))
+    start = [1.0 if g == movable[j][0] else 0.0 for j, g in cols]
+    start += [max(0.0, loads[g] - mean) for g in active]
     solution = highspy.HighsSolution()
-    solution.col_value = list(start)
+    solution.col_value = start
     solution.value_valid = True
     h.setSolution(solution)
     h.run()
-    if h.getModelStatus() not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit,
-                                  highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kInterrupt):
-        return MilpResult([list(g) for g in groups], "failed", before, before)
     values = np.asarray(h.getSolution().col_value)
-    if len(values) != num_x + num_groups:
+    if h.getModelStatus() not in _USABLE or len(values) != num_x + num_e:
         return MilpResult([list(g) for g in groups], "failed", before, before)
-    new_groups: list[list[Slice]] = [list(group) for group in staying]
-    for j, (_, unit) in enumerate(movable):
-        target = max(by_item[j], key=lambda c: (values[c], -abs(cols[c][1] - movable[j][0])))
+    new_groups = [list(staying.get(g, group)) for g, group in enumerate(groups)]
+    for j, (home, unit) in enumerate(movable):
+        target = max(by_item[j], key=lambda c: (values[c], -abs(cols[c][1] - home)))
         new_groups[cols[target][1]].extend(unit)
-    after = overload(new_groups) if all(new_groups) else float("inf")
+    if not all(new_groups):
+        return MilpResult([list(g) for g in groups], "kept", before, before)
+    new_loads = {g: group_cost(new_groups[g]) for g in active}
+    after = before + sum(max(0.0, new_loads[g] - mean) - max(0.0, loads[g] - mean) for g in active)
     if after >= before * (1 - 1e-9):
         return MilpResult([list(g) for g in groups], "kept", before, before)
     return MilpResult(new_groups, "improved", before, after)
+
+
+_USABLE = (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit,
+           highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kInterrupt)

@@ -11,6 +11,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,10 +68,18 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]]) 
         loads.append(0.0)
     width = [len(r) for r in bins_replicas]
     merged = {i for i, _ in merges}
+    # one heap of (load, bin) per pipeline width: the best bin for an item is the best heap top
+    heaps: dict[int, list[tuple[float, int]]] = {}
+    for b, w in enumerate(width):
+        heaps.setdefault(w, []).append((loads[b], b))
+    for heap in heaps.values():
+        heapq.heapify(heap)
     for item in sorted((i for i in range(len(costs)) if i not in merged), key=lambda i: (-costs[i], i)):
-        target = min(range(len(loads)), key=lambda b: ((loads[b] + costs[item]) / width[b], b))
+        w = min(heaps, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
+        load, target = heapq.heappop(heaps[w])
         members[target].append(item)
-        loads[target] += costs[item]
+        loads[target] = load + costs[item]
+        heapq.heappush(heaps[w], (loads[target], target))
     _improve(costs, members, loads, width, merged)
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from slimpack.config import Config
@@ -40,6 +41,14 @@ LOOKAHEADS = (0, 2)
 TAPERS = (1.0, 0.5)
 """Relative size of the first and last pp-1 groups (1.0 = no tapering). Smaller groups at the
 pipeline's ends shrink its fill and drain bubbles (beyond the paper; kept where simulation says so)."""
+
+
+@dataclass(slots=True)
+class MilpBudget:
+    """The MILP refinement's share of one plan: a deadline for all its solves, and their results."""
+
+    deadline: float
+    results: list[MilpResult] = field(default_factory=list)
 
 
 class Shape(NamedTuple):
@@ -88,17 +97,20 @@ class SlimPackPlanner:
         return self.cost.group_constant(backward=backward) + sum(
             self.cost.slice_cost(tokens, prefix, backward=backward) for tokens, prefix in segments(group))
 
-    def _refine(self, groups: list[list[Slice]], *, backward: bool, stats: list[MilpResult]) -> list[list[Slice]]:
-        # the time limit is the whole plan's: two solves (forward, backward) per pipeline
-        budget = self.config.planner.milp_time_limit_s / (2 * self.config.parallel.dp)
+    def _refine(self, groups: list[list[Slice]], *, backward: bool, milp: MilpBudget) -> list[list[Slice]]:
+        """The MILP's refinement of ``groups``, within what is left of the plan's MILP time."""
+        left = milp.deadline - time.perf_counter()
+        if left <= 0:
+            milp.results.append(MilpResult([list(g) for g in groups], "out of time", 0.0, 0.0))
+            return groups
         result = rebalance(groups, lambda g: self._group_cost(g, backward=backward),
                            lambda s: self.cost.slice_cost(s.tokens, s.start, backward=backward),
-                           time_limit_s=budget)
-        stats.append(result)
+                           time_limit_s=left)
+        milp.results.append(result)
         return result.groups
 
     def _pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
-                  milp: list[MilpResult] | None = None) -> PipelinePlan:
+                  milp: MilpBudget | None = None) -> PipelinePlan:
         """The pipeline's groups and order; with ``milp`` (a list collecting solver results) the
         heuristic groups are refined by the MILP."""
         members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
@@ -111,12 +123,12 @@ class SlimPackPlanner:
         weights = shape.weights(pp)
         forward = cut_into_groups(pieces, shape.num_groups, self._forward_cost, self.rules, weights=weights)
         if milp is not None:
-            forward = self._refine(forward, backward=False, stats=milp)
+            forward = self._refine(forward, backward=False, milp=milp)
         if self.config.planner.use_asymmetric:
             fwd, bwd = asymmetric_groups(forward, self._backward_cost, self.rules,
                                          weights if len(forward) == shape.num_groups else None)
             if milp is not None:
-                bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, stats=milp))
+                bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
         else:
             fwd = tuple(tuple(g) for g in forward)
             bwd = symmetric_backward(fwd)
@@ -190,12 +202,12 @@ class SlimPackPlanner:
                 best = (rank, bins, shape, share, len(merges))
         assert best is not None
         _, bins, shape, share, num_merged = best
-        milp: list[MilpResult] | None = [] if knobs.use_milp else None
+        milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         pipelines = tuple(self._pipeline(b, samples, shape, milp) for b in bins)
         info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead, "taper": shape.taper,
                 "merge_share": share,
                 "merged_pipelines": num_merged, "candidates": tried,
-                "milp": _milp_summary(milp), "planner_time_s": time.perf_counter() - began}
+                "milp": _milp_summary(milp.results if milp else None), "planner_time_s": time.perf_counter() - began}
         return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=pipelines, info=info)
 
