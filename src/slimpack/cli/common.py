@@ -54,7 +54,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, training: bool = Tr
 PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
                     ("asymmetric", "use_asymmetric", "regroup backward work on backward cost"),
                     ("dp-merge", "use_dp_merge", "merge replicas into a CP group for outliers"),
-                    ("milp", "use_milp", "refine the heuristic with the HiGHS MILP"))
+                    ("milp", "use_milp", "refine the heuristic with the HiGHS MILP"),
+                    ("cost-balance", "use_cost_balance", "balance replicas on cost (use tokens)"),
+                    ("tapering", "use_tapering", "try smaller groups at the pipeline's ends"),
+                    ("lookahead", "use_lookahead", "try running forwards ahead of 1F1B"))
 
 
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,6 +24,13 @@ class PlannerConfig(ConfigBase):
     """Ablation switch: run ultra-long outliers on merged replicas with context parallelism."""
     use_milp: bool = True
     """Ablation switch: refine the heuristic with a MILP (HiGHS)."""
+    use_cost_balance: bool = True
+    """Ablation switch: phase 1 balances replicas on forward+backward cost (off: on tokens, as
+    token-count packers do)."""
+    use_tapering: bool = True
+    """Ablation switch (beyond the paper): try smaller groups at the pipeline's ends."""
+    use_lookahead: bool = True
+    """Ablation switch (beyond the paper): try letting stages run forwards ahead of 1F1B."""
 
     def __post_init__(self) -> None:
         require(self.slice_align >= 1, f"slice_align must be >= 1, got {self.slice_align}")

@@ -174,7 +174,9 @@ class SlimPackPlanner:
 
         k = evaluate({Shape(min(limit, m * pp)) for m in GROUPS_PER_STAGE}).num_groups
         k = evaluate({Shape(max(1, round(k * f))) for f in (0.7, 1.0, 1.4)}).num_groups
-        best = evaluate({Shape(k, la, taper) for la in LOOKAHEADS for taper in TAPERS})
+        knobs = self.config.planner
+        best = evaluate({Shape(k, la, taper) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))
+                         for taper in (TAPERS if knobs.use_tapering else (1.0,))})
         return scores[best], best, len(scores)
 
     # ---- the step -------------------------------------------------------------------------
@@ -184,13 +186,14 @@ class SlimPackPlanner:
         par = self.config.parallel
         knobs = self.config.planner
         costs = [self._forward_cost(s.length, 0) + self._backward_cost(s.length, 0) for s in samples]
+        loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         min_ways = [self._ways_for_memory(s.length) if knobs.use_dp_merge else 1 for s in samples]
         best = None
         tried = 0
         layouts: set[tuple] = set()
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
-            bins = balance(costs, par.dp, merges)
+            bins = balance(loads, par.dp, merges)
             layout = tuple((b.replicas, b.items) for b in bins)
             if layout in layouts:
                 continue  # this threshold merges nothing new

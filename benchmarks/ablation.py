@@ -1,0 +1,75 @@
+"""What each SlimPack idea adds: the full planner against itself with one idea switched off, on the
+same batches, written to docs/ablation.md.
+
+    python benchmarks/ablation.py [--steps 2]
+
+Variants: slicing, asymmetric backward groups, DP-aware (cost-balanced) phase 1, DP-Merge, the MILP
+refinement, and the two beyond-the-paper knobs (tapering, look-ahead). Settings: long-tailed
+datasets at 128K and 256K context on Llama-2-7B (64 and 256 H100s) and Llama-2-70B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from slimpack.compare.run import run_strategy, step_batches
+from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.data import load_dataset
+
+SWITCHES = ("use_slicing", "use_asymmetric", "use_cost_balance", "use_dp_merge", "use_milp",
+            "use_tapering", "use_lookahead")
+SETTINGS = (
+    ("wikipedia", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective"),
+    ("wlbllm", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective"),
+    ("textbooks", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, cp=2, dp=4), "selective"),
+    ("wikipedia", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, cp=2, dp=4), "selective"),
+    ("cpython", "llama2-70b", 131072, ParallelConfig(tp=8, pp=8, cp=2, dp=2), "full"),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--out", default="docs/ablation.md")
+    args = parser.parse_args()
+    lines = ["# SlimPack ablation", "",
+             "Simulated tokens/s of the full planner and of the planner with one idea switched off "
+             f"(same {args.steps} batches, default H100 cost model). Cells: tokens/s relative to the full planner "
+             "(below 1.00 = the idea helps), with efficiency in brackets.", "",
+             f"Reproduce: `python {' '.join(sys.argv)}`", "",
+             "| setting | full | " + " | ".join(f"no {s[4:].replace('_', ' ')}" for s in SWITCHES) + " |",
+             "|---|---:|" + "---:|" * len(SWITCHES)]
+    for dataset, model, context, parallel, recompute in SETTINGS:
+        config = build_config(model=model, parallel=parallel,
+                              train=TrainConfig(max_context=context, recompute=recompute,
+                                                global_batch_tokens=65536 * parallel.num_devices))
+        batches = step_batches(load_dataset(dataset), config, args.steps)
+        began = time.perf_counter()
+        cells = []
+        full = None
+        for switch in (None, *SWITCHES):
+            variant = config if switch is None else dataset_variant(config, switch)
+            metrics = run_strategy("slimpack", variant, batches).metrics()
+            if switch is None:
+                full = metrics
+                cells.append(f"{metrics['tokens_per_s']:,.0f} ({metrics['efficiency']:.3f})")
+            else:
+                oom = " OOM" if metrics["oom_steps"] else ""
+                cells.append(f"{metrics['tokens_per_s'] / full['tokens_per_s']:.3f} ({metrics['efficiency']:.3f}){oom}")
+        setting = f"{dataset}, {model}, {context // 1024}K, {parallel.num_devices} GPUs (cp {parallel.cp})"
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+        print(lines[-1], f"({time.perf_counter() - began:.0f} s)", flush=True)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def dataset_variant(config, switch: str):
+    return dataclasses.replace(config, planner=dataclasses.replace(config.planner, **{switch: False}))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
