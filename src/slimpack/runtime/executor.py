@@ -1,0 +1,460 @@
+"""The stage executor: runs ``F g`` / ``B g`` actions of a pipeline's groups on one model stage.
+
+How a stage keeps forward and backward groupings independent (SlimPack's asymmetric partitioning)
+without recomputation or ``retain_graph``:
+
+- **Cells.** The slices of forward group g that belong to backward group b form the cell (g, b).
+  A forward action runs all cells of its group together, layer by layer, but each cell gets its
+  own autograd graph: the row-wise work (norms, projections, MLP) and the attention call are packed
+  per cell. Symmetric plans have one cell per group, so the whole group is packed. A backward
+  action runs the graphs of its cells, and nothing else.
+- **K/V leaves.** After a layer's Q/K/V projection, a cell's K and V are also published as
+  detached leaves (``k.detach().requires_grad_()``) for the later slices of the same samples that
+  run in other cells. Those slices read them as attention prefix pieces, so their backward
+  accumulates dK/dV into the leaves' ``.grad`` instead of entering the earlier slice's graph. The
+  earlier slice's backward then starts from its output gradient plus, for every layer, K and V
+  seeded with the accumulated leaf gradients. This is also why backward must run later slices first.
+- **Within a cell**, consecutive slices of one sample are one attention segment: [a, b) and [b, c)
+  together are exactly [a, c).
+- **Stage boundaries.** A stage > 0 receives its group's input as a tensor and returns the gradient
+  of that input from backward; a stage < last returns its output from forward and takes the output
+  gradient in backward. Rows follow the group's slice order (forward group for activations, backward
+  group for gradients), which is what a P2P transfer carries. The output is not kept for backward:
+  a scalar anchor (``_OutputPort``) stands in as the graph root, and the gradient is injected there.
+
+Activations of a cell are freed when its backward has run (the graph is dropped); an action whose
+dependencies are not met raises ``ScheduleError`` naming the action and the missing dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slimpack.plan.types import Slice
+from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
+from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
+from slimpack.runtime.memory import ActivationTracker
+from slimpack.runtime.model import ModelStage
+from slimpack.runtime.ops import rope_tables
+
+
+class ScheduleError(RuntimeError):
+    """An action was run before one of its dependencies (DESIGN.md §3), or twice."""
+
+
+def _fmt(s: Slice) -> str:
+    return f"({s.sample_id}, {s.start}, {s.end})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """Consecutive slices of one sample inside a cell: one attention segment."""
+
+    sample_id: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class _CellSpec:
+    key: tuple[int, int]
+    """(forward group, backward group)."""
+    slices: tuple[Slice, ...]
+    runs: tuple[_Run, ...]
+    fg_rows: list[int]
+    """For each row of the cell, its row in the forward group's layout."""
+    bg_rows: list[int]
+    """For each row of the cell, its row in the backward group's layout."""
+    fg_identity: bool
+    bg_identity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    start: int
+    end: int
+    k_tkd: torch.Tensor
+    v_tkd: torch.Tensor
+
+
+@dataclass
+class _CellState:
+    """What a forwarded cell keeps until its backward."""
+
+    spec: _CellSpec
+    root: torch.Tensor
+    port: _OutputPort | None
+    x_te: torch.Tensor | None
+    """The input leaf (stages > 0): its ``.grad`` is the input gradient."""
+    kv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    """Per layer with published K/V: (k, v in the graph, k leaf, v leaf)."""
+    published: list[tuple[int, int, _Piece]] = field(default_factory=list)
+    """(sample, layer, piece) entries this cell put in the K/V cache."""
+    handles: list[Any] = field(default_factory=list)
+
+
+class _OutputPort(torch.autograd.Function):
+    """Graph root standing in for a stage's output: forward returns a scalar anchor and keeps
+    nothing; backward hands on the gradient placed in ``holder.grad``."""
+
+    @staticmethod
+    def forward(ctx: Any, x_te: torch.Tensor, holder: _GradHolder) -> torch.Tensor:
+        ctx.holder = holder
+        return x_te.new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, _anchor: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad, ctx.holder.grad = ctx.holder.grad, None
+        return grad, None
+
+
+class _GradHolder:
+    __slots__ = ("grad",)
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None
+
+
+class StageExecutor:
+    """Runs forward and backward actions of one pipeline's groups on one ``ModelStage``.
+
+    ``forward`` and ``backward`` are group lists (forward groups, backward groups) that partition the
+    same slices; ``F g`` runs forward group g, ``B g`` backward group g. ``sample_lengths`` gives
+    every sample's length (each sample's slices must tile [0, length)). ``tokens`` (sample id → ids)
+    is needed on the first stage (inputs) and the last (targets). ``num_loss_tokens`` normalises the
+    loss; it must count the whole global batch (default: this pipeline's samples only).
+    """
+
+    def __init__(self, stage: ModelStage, forward: Sequence[Sequence[Slice]],
+                 backward: Sequence[Sequence[Slice]], *, sample_lengths: Mapping[int, int],
+                 tokens: Mapping[int, torch.Tensor] | None = None, num_loss_tokens: int | None = None,
+                 backend: str = "auto", name: str = "stage", tracker: ActivationTracker | None = None) -> None:
+        self.stage = stage
+        self.name = name
+        self.forward_groups = tuple(tuple(Slice(*s) for s in g) for g in forward)
+        self.backward_groups = tuple(tuple(Slice(*s) for s in g) for g in backward)
+        self.lengths = dict(sample_lengths)
+        param = next(stage.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.backend = resolve_backend(backend, self.device, self.dtype)
+        self.tracker = tracker
+        if (stage.has_embedding or stage.has_head) and tokens is None:
+            raise ValueError(f"{name}: the first and last stages need the token ids of every sample")
+        self.tokens = {sid: t.to(self.device) for sid, t in (tokens or {}).items()}
+        self._fg_of, self._fg_row = self._index(self.forward_groups, "forward")
+        self._bg_of, self._bg_row = self._index(self.backward_groups, "backward")
+        if set(self._fg_of) != set(self._bg_of):
+            extra = sorted(set(self._fg_of) ^ set(self._bg_of))[:3]
+            raise ValueError(f"{name}: forward and backward groups do not hold the same slices, e.g. "
+                             f"{', '.join(map(_fmt, extra))}")
+        self._by_sample = self._check_tiling()
+        self._cells = self._build_cells()
+        self.num_loss_tokens = (num_loss_tokens if num_loss_tokens is not None
+                                else count_loss_tokens(self.lengths[s] for s in self._by_sample))
+        self._forwarded: set[Slice] = set()
+        self._backwarded: set[Slice] = set()
+        self._live: dict[tuple[int, int], _CellState] = {}
+        self._kv: dict[int, list[list[_Piece]]] = {}
+
+    # ---- structure -----------------------------------------------------------------------------
+    def _index(self, groups: tuple[tuple[Slice, ...], ...], what: str) -> tuple[dict[Slice, int], dict[Slice, int]]:
+        group_of: dict[Slice, int] = {}
+        row_of: dict[Slice, int] = {}
+        for g, group in enumerate(groups):
+            row = 0
+            for s in group:
+                if s.sample_id not in self.lengths:
+                    raise ValueError(f"{self.name}: {what} group {g} has slice {_fmt(s)} of unknown sample")
+                if not 0 <= s.start < s.end <= self.lengths[s.sample_id]:
+                    raise ValueError(f"{self.name}: {what} group {g} has slice {_fmt(s)} outside sample "
+                                     f"{s.sample_id} of length {self.lengths[s.sample_id]}")
+                if s in group_of:
+                    raise ValueError(f"{self.name}: slice {_fmt(s)} is in {what} groups {group_of[s]} and {g}")
+                group_of[s], row_of[s] = g, row
+                row += s.tokens
+        return group_of, row_of
+
+    def _check_tiling(self) -> dict[int, list[Slice]]:
+        by_sample: dict[int, list[Slice]] = {}
+        for s in self._fg_of:
+            by_sample.setdefault(s.sample_id, []).append(s)
+        for sid, slices in by_sample.items():
+            slices.sort(key=lambda s: s.start)
+            at = 0
+            for s in slices:
+                if s.start != at:
+                    raise ValueError(f"{self.name}: the slices of sample {sid} do not tile [0, "
+                                     f"{self.lengths[sid]}): {'gap' if s.start > at else 'overlap'} at {at}")
+                at = s.end
+            if at != self.lengths[sid]:
+                raise ValueError(f"{self.name}: the slices of sample {sid} end at {at}, not at its length "
+                                 f"{self.lengths[sid]}")
+        return by_sample
+
+    def _build_cells(self) -> dict[int, list[_CellSpec]]:
+        """Cells per forward group, in the order of their first slice in the group."""
+        cells: dict[int, list[_CellSpec]] = {}
+        for g, group in enumerate(self.forward_groups):
+            members: dict[int, list[Slice]] = {}
+            for s in group:
+                members.setdefault(self._bg_of[s], []).append(s)
+            cells[g] = [self._cell(g, b, tuple(slices)) for b, slices in members.items()]
+        return cells
+
+    def _cell(self, g: int, b: int, slices: tuple[Slice, ...]) -> _CellSpec:
+        per_sample: dict[int, list[Slice]] = {}
+        for s in slices:
+            per_sample.setdefault(s.sample_id, []).append(s)
+        runs = []
+        for sid, items in per_sample.items():
+            items.sort(key=lambda s: s.start)
+            for s, t in zip(items, items[1:], strict=False):
+                if s.end != t.start:
+                    raise ValueError(
+                        f"{self.name}: slices {_fmt(s)} and {_fmt(t)} share forward group {g} and backward "
+                        f"group {b} but a slice between them does not; no order can run them")
+            runs.append(_Run(sid, items[0].start, items[-1].end))
+        fg_rows, bg_rows = [], []
+        for run in runs:
+            for s in per_sample[run.sample_id]:
+                fg_rows.extend(range(self._fg_row[s], self._fg_row[s] + s.tokens))
+                bg_rows.extend(range(self._bg_row[s], self._bg_row[s] + s.tokens))
+        fg_total = sum(s.tokens for s in self.forward_groups[g])
+        bg_total = sum(s.tokens for s in self.backward_groups[b])
+        return _CellSpec(key=(g, b), slices=slices, runs=tuple(runs), fg_rows=fg_rows, bg_rows=bg_rows,
+                         fg_identity=fg_rows == list(range(fg_total)),
+                         bg_identity=bg_rows == list(range(bg_total)))
+
+    def group_tokens(self, kind: str, group: int) -> int:
+        groups = self.forward_groups if kind == "F" else self.backward_groups
+        return sum(s.tokens for s in groups[group])
+
+    @property
+    def finished(self) -> bool:
+        """Every slice has run its forward and its backward on this stage."""
+        return len(self._backwarded) == len(self._fg_of)
+
+    def unfinished(self) -> list[Slice]:
+        return [s for s in self._fg_of if s not in self._backwarded]
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, group: int, inputs: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``F group``. Stages > 0 take the group's input (T, E) in forward-group row order.
+
+        Returns the output (T, E) on stages < last; on the last stage the per-position
+        cross-entropy (T,) (zero where no loss), whose sum / num_loss_tokens is the group's loss.
+        """
+        action = f"F{group}"
+        if not 0 <= group < len(self.forward_groups):
+            raise ScheduleError(f"{action} on {self.name}: there are {len(self.forward_groups)} forward groups")
+        slices = self.forward_groups[group]
+        members = set(slices)
+        for s in slices:
+            if s in self._forwarded:
+                raise ScheduleError(f"{action} on {self.name}: slice {_fmt(s)} has already run its forward")
+            for earlier in self._by_sample[s.sample_id]:
+                if earlier.start < s.start and earlier not in self._forwarded and earlier not in members:
+                    raise ScheduleError(
+                        f"{action} on {self.name}: slice {_fmt(s)} needs the forward of earlier slice "
+                        f"{_fmt(earlier)} (F{self._fg_of[earlier]}) first")
+        num_tokens = self.group_tokens("F", group)
+        if self.stage.has_embedding:
+            if inputs is not None:
+                raise ValueError(f"{action} on {self.name}: the first stage embeds tokens and takes no input")
+        elif inputs is None or tuple(inputs.shape) != (num_tokens, self.stage.config.hidden):
+            got = None if inputs is None else tuple(inputs.shape)
+            raise ValueError(f"{action} on {self.name}: expected an input of shape "
+                             f"({num_tokens}, {self.stage.config.hidden}), got {got}")
+        specs = self._cells[group]
+        with self._recording(), torch.enable_grad():
+            states, outputs = self._forward_cells(specs, inputs)
+        self._forwarded |= members
+        for state in states:
+            self._live[state.spec.key] = state
+        for s in slices:  # a sample whose forward is complete needs no cache on this stage
+            if all(t in self._forwarded for t in self._by_sample[s.sample_id]):
+                self._kv.pop(s.sample_id, None)
+        return self._to_group_layout(specs, outputs, num_tokens)
+
+    def _recording(self) -> Any:
+        return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
+
+    def _forward_cells(self, specs: list[_CellSpec],
+                       inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
+        cfg = self.stage.config
+        xs: list[torch.Tensor] = []
+        tables = []
+        leaves: list[torch.Tensor | None] = []
+        for spec in specs:
+            if self.stage.has_embedding:
+                ids = torch.cat([self.tokens[r.sample_id][r.start:r.end] for r in spec.runs])
+                xs.append(self.stage.embed(ids))
+                leaves.append(None)
+            else:
+                assert inputs is not None
+                rows = inputs if spec.fg_identity else inputs[torch.tensor(spec.fg_rows, device=self.device)]
+                xs.append(rows.detach().requires_grad_())
+                leaves.append(xs[-1])
+            positions = torch.cat([torch.arange(r.start, r.end, device=self.device) for r in spec.runs])
+            tables.append(rope_tables(positions, cfg.head_dim, dtype=self.dtype))
+        states = [_CellState(spec=spec, root=xs[0], port=None, x_te=leaf)
+                  for spec, leaf in zip(specs, leaves, strict=True)]
+        for layer_index, block in enumerate(self.stage.layers):
+            qkv = [block.attention_inputs(x, *table) for x, table in zip(xs, tables, strict=True)]
+            for state, (_, k, v) in zip(states, qkv, strict=True):
+                self._publish(state, layer_index, k, v)
+            for i, (state, (q, k, v)) in enumerate(zip(states, qkv, strict=True)):
+                prefix = [self._prefix(run, layer_index) for run in state.spec.runs]
+                cu = [0]
+                for run in state.spec.runs:
+                    cu.append(cu[-1] + run.end - run.start)
+                attn = varlen_attention(q, k, v, cu, prefix=prefix, backend=self.backend)
+                xs[i] = block.finish(xs[i], attn)
+        outputs = []
+        for state, x in zip(states, xs, strict=True):
+            if self.stage.has_head:
+                targets = torch.cat([slice_targets(self.tokens[r.sample_id], r.start, r.end)
+                                     for r in state.spec.runs])
+                losses_t = token_losses(self.stage.logits(x), targets)
+                state.root = losses_t.sum() / max(self.num_loss_tokens, 1)
+                outputs.append(losses_t.detach())
+            else:
+                state.port = _GradHolder()  # type: ignore[assignment]
+                state.root = _OutputPort.apply(x, state.port)
+                outputs.append(x.detach())
+        return states, outputs
+
+    def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
+        """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""
+        rows = 0
+        k_leaf = v_leaf = None
+        for run in state.spec.runs:
+            n = run.end - run.start
+            if run.end < self.lengths[run.sample_id]:
+                if k_leaf is None:
+                    k_leaf = k_tkd.detach().requires_grad_()
+                    v_leaf = v_tkd.detach().requires_grad_()
+                    state.kv.append((k_tkd, v_tkd, k_leaf, v_leaf))
+                    if self.tracker is not None:
+                        state.handles += [self.tracker.hold(k_leaf), self.tracker.hold(v_leaf)]
+                assert v_leaf is not None
+                piece = _Piece(run.start, run.end, k_leaf[rows:rows + n], v_leaf[rows:rows + n])
+                layers = self._kv.setdefault(run.sample_id, [[] for _ in self.stage.layers])
+                layers[layer_index].append(piece)
+                state.published.append((run.sample_id, layer_index, piece))
+            rows += n
+
+    def _prefix(self, run: _Run, layer_index: int) -> list[KVPiece]:
+        """K/V pieces covering [0, run.start) of the run's sample, in position order."""
+        if run.start == 0:
+            return []
+        pieces = sorted((p for p in self._kv.get(run.sample_id, [[]] * (layer_index + 1))[layer_index]
+                         if p.end <= run.start), key=lambda p: p.start)
+        at = 0
+        for p in pieces:
+            assert p.start == at, (run, [(q.start, q.end) for q in pieces])
+            at = p.end
+        assert at == run.start, (run, at)
+        return [(p.k_tkd, p.v_tkd) for p in pieces]
+
+    def _to_group_layout(self, specs: list[_CellSpec], outputs: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
+        if len(specs) == 1 and specs[0].fg_identity:
+            return outputs[0]
+        out = outputs[0].new_empty((num_tokens, *outputs[0].shape[1:]))
+        for spec, rows in zip(specs, outputs, strict=True):
+            out[torch.tensor(spec.fg_rows, device=self.device)] = rows
+        return out
+
+    # ---- backward ------------------------------------------------------------------------------
+    def backward(self, group: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run ``B group``. Stages < last take the output gradient (T, E) in backward-group row order.
+
+        Returns the input gradient (T, E) in backward-group row order on stages > 0, else None.
+        Parameter gradients accumulate in ``.grad``.
+        """
+        action = f"B{group}"
+        if not 0 <= group < len(self.backward_groups):
+            raise ScheduleError(f"{action} on {self.name}: there are {len(self.backward_groups)} backward groups")
+        slices = self.backward_groups[group]
+        members = set(slices)
+        for s in slices:
+            if s in self._backwarded:
+                raise ScheduleError(f"{action} on {self.name}: slice {_fmt(s)} has already run its backward")
+            if s not in self._forwarded:
+                raise ScheduleError(f"{action} on {self.name}: slice {_fmt(s)} has not run its forward "
+                                    f"(F{self._fg_of[s]}) yet")
+            for later in self._by_sample[s.sample_id]:
+                if later.start > s.start and later not in self._backwarded and later not in members:
+                    raise ScheduleError(
+                        f"{action} on {self.name}: slice {_fmt(s)} needs the backward of later slice "
+                        f"{_fmt(later)} (B{self._bg_of[later]}) first")
+        num_tokens = self.group_tokens("B", group)
+        if self.stage.has_head:
+            if grad_output is not None:
+                raise ValueError(f"{action} on {self.name}: the last stage starts from the loss; "
+                                 f"it takes no output gradient")
+        elif grad_output is None or tuple(grad_output.shape) != (num_tokens, self.stage.config.hidden):
+            got = None if grad_output is None else tuple(grad_output.shape)
+            raise ValueError(f"{action} on {self.name}: expected an output gradient of shape "
+                             f"({num_tokens}, {self.stage.config.hidden}), got {got}")
+        keys = sorted({(self._fg_of[s], group) for s in slices})
+        grad_input = None
+        if not self.stage.has_embedding:
+            grad_input = torch.zeros((num_tokens, self.stage.config.hidden), device=self.device, dtype=self.dtype)
+        for wave in self._waves(keys):
+            self._backward_cells([self._live.pop(key) for key in wave], grad_output, grad_input)
+        self._backwarded |= members
+        return grad_input
+
+    def _waves(self, keys: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """Cells of one backward group in rounds: a cell waits for cells holding later slices of its
+        samples (they hand it dK/dV)."""
+        specs = {key: next(c for c in self._cells[key[0]] if c.key == key) for key in keys}
+        waits = {key: {other for other in keys if other != key and any(
+            t.sample_id == s.sample_id and t.start > s.start
+            for s in specs[key].slices for t in specs[other].slices)} for key in keys}
+        waves, done = [], set()
+        while len(done) < len(keys):
+            ready = [key for key in keys if key not in done and waits[key] <= done]
+            assert ready, f"cyclic cell dependencies in {keys}"  # impossible for tiled samples
+            waves.append(ready)
+            done.update(ready)
+        return waves
+
+    def _backward_cells(self, states: list[_CellState], grad_output: torch.Tensor | None,
+                        grad_input: torch.Tensor | None) -> None:
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        for state in states:
+            roots.append(state.root)
+            grads.append(torch.ones_like(state.root))
+            if state.port is not None:
+                assert grad_output is not None
+                spec = state.spec
+                state.port.grad = (grad_output if spec.bg_identity
+                                   else grad_output[torch.tensor(spec.bg_rows, device=self.device)])
+            for k, v, k_leaf, v_leaf in state.kv:
+                for tensor, leaf in ((k, k_leaf), (v, v_leaf)):
+                    if leaf.grad is not None:
+                        roots.append(tensor)
+                        grads.append(leaf.grad)
+        torch.autograd.backward(roots, grads)
+        for state in states:
+            if grad_input is not None:
+                assert state.x_te is not None and state.x_te.grad is not None
+                if state.spec.bg_identity:
+                    grad_input.copy_(state.x_te.grad)
+                else:
+                    grad_input[torch.tensor(state.spec.bg_rows, device=self.device)] = state.x_te.grad
+            for sample_id, layer_index, piece in state.published:
+                layers = self._kv.get(sample_id)
+                if layers is not None:
+                    layers[layer_index] = [p for p in layers[layer_index] if p is not piece]
+            if self.tracker is not None:
+                for handle in state.handles:
+                    self.tracker.release(handle)
