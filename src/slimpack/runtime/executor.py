@@ -239,6 +239,11 @@ class StageExecutor:
         """Every slice has run its forward and its backward on this stage."""
         return len(self._backwarded) == len(self._fg_of)
 
+    @property
+    def live_cells(self) -> int:
+        """Cells whose forward has run and whose backward has not (graphs held)."""
+        return len(self._live)
+
     def unfinished(self) -> list[Slice]:
         return [s for s in self._fg_of if s not in self._backwarded]
 

@@ -11,7 +11,7 @@ The distributed runtime replaces the hand-over with P2P transfers; the executors
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -49,8 +49,10 @@ def default_actions(pipeline: PipelinePlan) -> list[Action]:
             + [Action("B", g) for g in range(len(pipeline.backward))])
 
 
-def run_in_order(executors: Sequence[StageExecutor], actions: Sequence[Action | str]) -> torch.Tensor:
-    """Run each action through all stages; returns the summed loss of the forward groups run."""
+def run_in_order(executors: Sequence[StageExecutor], actions: Sequence[Action | str],
+                 on_action: Callable[[Action], None] | None = None) -> torch.Tensor:
+    """Run each action through all stages; returns the summed loss of the forward groups run.
+    ``on_action(action)`` is called after each action has run on every stage."""
     loss = torch.zeros((), dtype=executors[0].dtype, device=executors[0].device)
     for item in actions:
         action = Action.parse(item) if isinstance(item, str) else item
@@ -64,6 +66,8 @@ def run_in_order(executors: Sequence[StageExecutor], actions: Sequence[Action | 
             grad = None
             for executor in reversed(executors):
                 grad = executor.backward(action.group, grad)
+        if on_action is not None:
+            on_action(action)
     return loss
 
 
