@@ -12,6 +12,7 @@ from slimpack.errors import UserError
 
 # name -> module; a module has HELP (one line), add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, str] = {
+    "verify": "slimpack.cli.verify",
 }
 
 EXIT_USER_ERROR = 2
