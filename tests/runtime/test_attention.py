@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from slimpack.runtime import attention
+from slimpack.runtime import kernels
 from slimpack.runtime.attention import available_backends, resolve_backend, varlen_attention
 
 
@@ -34,8 +34,12 @@ def make(shape, seed, dtype=torch.float64):
     return torch.randn(shape, generator=gen, dtype=dtype).requires_grad_()
 
 
+CPU_BACKENDS = ["math", "cpu"]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
-def test_segments_with_prefix_match_dense(heads, kv_heads) -> None:
+def test_segments_with_prefix_match_dense(heads, kv_heads, backend) -> None:
     cu_q = [0, 5, 6, 19, 27]
     q = make((27, heads, 8), 0)
     k, v = make((27, kv_heads, 8), 1), make((27, kv_heads, 8), 2)
@@ -43,7 +47,7 @@ def test_segments_with_prefix_match_dense(heads, kv_heads) -> None:
     sizes = [[], [3], [4, 7], [1]]
     prefix = [[(make((n, kv_heads, 8), 10 + 3 * i + j), make((n, kv_heads, 8), 50 + 3 * i + j))
                for j, n in enumerate(row)] for i, row in enumerate(sizes)]
-    out = varlen_attention(q, k, v, cu_q, prefix=prefix, backend="math")
+    out = varlen_attention(q, k, v, cu_q, prefix=prefix, backend=backend)
     expected = dense(q, k, v, cu_q, cu_q, prefix)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     grad = torch.randn_like(out)
@@ -54,13 +58,14 @@ def test_segments_with_prefix_match_dense(heads, kv_heads) -> None:
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
 
 
-def test_bottom_right_alignment() -> None:
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_bottom_right_alignment(backend) -> None:
     """2 queries over 5 keys: query 0 sees keys 0..3, query 1 all five (flash-attn's example)."""
     q = torch.zeros(2, 1, 4, dtype=torch.float64)  # equal scores: output = mean of visible values
     k = torch.zeros(5, 1, 4, dtype=torch.float64)
     v = torch.arange(5, dtype=torch.float64).view(5, 1, 1).expand(5, 1, 4).contiguous()
-    out = varlen_attention(q, k, v, [0, 2], [0, 5], backend="math")
-    assert out[:, 0, 0].tolist() == [1.5, 2.0]
+    out = varlen_attention(q, k, v, [0, 2], [0, 5], backend=backend)
+    torch.testing.assert_close(out[:, 0, 0], torch.tensor([1.5, 2.0], dtype=torch.float64))
 
 
 def test_key_lengths_from_offsets_match_prefix_form() -> None:
@@ -79,29 +84,31 @@ def test_small_blocks_give_the_same_result(monkeypatch) -> None:
     cu = [0, 33, 40]
     full = varlen_attention(q, k, v, cu, backend="math")
     grads = torch.autograd.grad(full.square().sum(), (q, k, v))
-    monkeypatch.setattr(attention, "MATH_BLOCK_ELEMENTS", 1)  # blocks of 16 queries
+    monkeypatch.setattr(kernels, "MATH_BLOCK_ELEMENTS", 1)  # blocks of 16 queries
     blocked = varlen_attention(q, k, v, cu, backend="math")
     torch.testing.assert_close(blocked, full, rtol=1e-13, atol=1e-13)
     for a, b in zip(torch.autograd.grad(blocked.square().sum(), (q, k, v)), grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
 
 
-def test_gradcheck() -> None:
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_gradcheck(backend) -> None:
     q, k, v = make((5, 2, 3), 0), make((4, 1, 3), 1), make((4, 1, 3), 2)
     pk, pv = make((2, 1, 3), 3), make((2, 1, 3), 4)
     torch.autograd.gradcheck(
         lambda q_, k_, v_, pk_, pv_: varlen_attention(q_, k_, v_, [0, 3, 5], [0, 2, 4],
-                                                      prefix=[[(pk_, pv_)], []], backend="math"),
+                                                      prefix=[[(pk_, pv_)], []], backend=backend),
         (q, k, v, pk, pv))
 
 
-def test_saves_only_own_tensors_output_and_lse() -> None:
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_saves_only_own_tensors_output_and_lse(backend) -> None:
     """Like FlashAttention: q, k, v, output, log-sum-exp (+ references to prefix pieces); no scores."""
     q, k, v = make((30, 4, 8), 0), make((30, 2, 8), 1), make((30, 2, 8), 2)
     pk, pv = make((50, 2, 8), 3), make((50, 2, 8), 4)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
-        varlen_attention(q, k, v, [0, 30], prefix=[[(pk, pv)]], backend="math")
+        varlen_attention(q, k, v, [0, 30], prefix=[[(pk, pv)]], backend=backend)
     assert sorted(saved) == sorted([(30, 4, 8), (30, 2, 8), (30, 2, 8), (30, 4, 8), (30, 4), (50, 2, 8), (50, 2, 8)])
 
 
@@ -115,7 +122,34 @@ def test_bad_arguments() -> None:
         resolve_backend("flash", "cpu", torch.float32)
     with pytest.raises(ValueError, match="query heads 2 must be a multiple"):
         varlen_attention(q, make((4, 3, 4), 2), make((4, 3, 4), 3), [0, 4])
-    assert available_backends("cpu", torch.float64) == ["math"]
+    assert available_backends("cpu", torch.float64) == ["cpu", "math"]
+    assert available_backends("cpu", torch.float16) == ["math"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_and_math_backends_agree(dtype) -> None:
+    """Many segments of mixed shapes (with and without prefix, n_k > n_q), forward and backward."""
+    gen = torch.Generator().manual_seed(7)
+    sizes_q = [1, 17, 64, 5, 130]
+    sizes_prefix = [0, 40, 3, 200, 0]
+    cu = [0]
+    for n in sizes_q:
+        cu.append(cu[-1] + n)
+    q = torch.randn(cu[-1], 4, 16, generator=gen, dtype=dtype).requires_grad_()
+    k = torch.randn(cu[-1], 2, 16, generator=gen, dtype=dtype).requires_grad_()
+    v = torch.randn(cu[-1], 2, 16, generator=gen, dtype=dtype).requires_grad_()
+    prefix = [[(torch.randn(n, 2, 16, generator=gen, dtype=dtype).requires_grad_(),
+                torch.randn(n, 2, 16, generator=gen, dtype=dtype).requires_grad_())] if n else []
+              for n in sizes_prefix]
+    leaves = [q, k, v] + [t for row in prefix for piece in row for t in piece]
+    grad = torch.randn(cu[-1], 4, 16, generator=gen, dtype=dtype)
+    results = []
+    for backend in CPU_BACKENDS:
+        out = varlen_attention(q, k, v, cu, prefix=prefix, backend=backend)
+        results.append([out, *torch.autograd.grad(out, leaves, grad)])
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from runtime_plans import pipelines, random_actions
 
@@ -25,6 +25,7 @@ from slimpack.runtime import (
     run_in_order,
     run_stage_orders,
 )
+from slimpack.runtime.verify import gradient_errors
 
 TINY = model_preset("tiny")
 
@@ -34,13 +35,14 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
 
 
 def compare(pipe: PipelinePlan, lengths: dict[int, int], *, num_stages: int, dtype: torch.dtype,
-            actions: list[Action] | None = None, model=TINY, seed: int = 0) -> tuple[float, float]:
-    """(relative loss error, max over parameters of max|g − g_ref| / max|g_ref|)."""
+            actions: list[Action] | None = None, model=TINY, seed: int = 0,
+            backend: str = "math") -> tuple[float, float]:
+    """(relative loss error, max over parameters of max|g − g_ref| / max|g_ref|, as verify reports it)."""
     tokens = random_tokens(lengths, model.vocab_size, seed)
     num_loss = count_loss_tokens(lengths.values())
     net = build_model(model, seed=seed, dtype=dtype)
     executors = build_executors(net, pipe, num_chunks=num_stages, sample_lengths=lengths, tokens=tokens,
-                                num_loss_tokens=num_loss, backend="math")
+                                num_loss_tokens=num_loss, backend=backend)
     if actions is None:
         actions = random_actions(pipe, random.Random(0))
     loss = run_in_order(executors, actions)
@@ -48,29 +50,30 @@ def compare(pipe: PipelinePlan, lengths: dict[int, int], *, num_stages: int, dty
     grads = {n: _grad(p).clone() for n, p in net.named_parameters()}
     net.zero_grad(set_to_none=True)
     ref = reference_loss(net, tokens, num_loss_tokens=num_loss)
-    worst = 0.0
-    for name, p in net.named_parameters():
-        scale = _grad(p).abs().max().item()
-        worst = max(worst, (grads[name] - _grad(p)).abs().max().item() / (scale or 1.0))
+    worst = max(e.relative for e in gradient_errors(grads, {n: _grad(p) for n, p in net.named_parameters()}))
     loss_err = abs(loss.item() - ref.item()) / max(abs(ref.item()), 1e-30)
     return loss_err, worst
 
 
 @settings(settings.get_profile("runtime"))
-@given(case=pipelines(), stages=st.sampled_from([1, 2, 4]), order_seed=st.integers(0, 2**16))
-def test_random_plans_match_reference_float64(case, stages, order_seed) -> None:
+@given(case=pipelines(), stages=st.sampled_from([1, 2, 4]), order_seed=st.integers(0, 2**16),
+       backend=st.sampled_from(["math", "cpu"]))
+def test_random_plans_match_reference_float64(case, stages, order_seed, backend) -> None:
     pipe, lengths = case
     actions = random_actions(pipe, random.Random(order_seed))
-    loss_err, grad_err = compare(pipe, lengths, num_stages=stages, dtype=torch.float64, actions=actions)
+    loss_err, grad_err = compare(pipe, lengths, num_stages=stages, dtype=torch.float64, actions=actions,
+                                 backend=backend)
     assert loss_err < 1e-10
     assert grad_err < 1e-10
 
 
-@settings(settings.get_profile("runtime"), max_examples=8)
-@given(case=pipelines(max_length=200), stages=st.sampled_from([1, 2]))
-def test_random_plans_match_reference_float32(case, stages) -> None:
+@settings(settings.get_profile("runtime"), max_examples=15)
+@given(case=pipelines(max_length=200), stages=st.sampled_from([1, 2]), backend=st.sampled_from(["math", "cpu"]))
+def test_random_plans_match_reference_float32(case, stages, backend) -> None:
     pipe, lengths = case
-    loss_err, grad_err = compare(pipe, lengths, num_stages=stages, dtype=torch.float32)
+    # with no sample longer than 2 tokens the Q/K gradients are 0 in exact arithmetic: roundoff only
+    assume(max(lengths.values()) > 2)
+    loss_err, grad_err = compare(pipe, lengths, num_stages=stages, dtype=torch.float32, backend=backend)
     assert loss_err < 1e-5
     assert grad_err < 1e-5
 

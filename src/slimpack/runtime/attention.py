@@ -14,18 +14,18 @@ slice's backward hands its contribution to an earlier slice (see ``executor``). 
 into the saved state: the function saves own q, k, v, the output and the log-sum-exp (like
 FlashAttention) plus references to the prefix pieces, and recomputes the scores in backward.
 
-Backends (``backend=``):
-- ``math``: blockwise softmax attention in plain torch, any device and dtype (the CPU path);
+Backends (``backend=``), all with the same results (see ``kernels``):
 - ``flash``: ``flash_attn.flash_attn_varlen_func`` (CUDA, fp16/bf16);
 - ``torch``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16), when this torch has it;
-- ``auto``: flash, then torch, then math, whichever supports the device and dtype.
-The GPU backends run their forward kernel in forward, and in backward rerun it under autograd to get
-the gradients (their low-level backward kernels are private APIs that change between versions).
+- ``cpu``: torch's fused CPU flash-attention kernels, two calls per segment (CPU);
+- ``math``: blockwise softmax attention in plain torch, any device and dtype (the definition);
+- ``auto``: the first of flash, torch, cpu, math that supports the device and dtype.
+The GPU backends run their forward kernel in forward and, in backward, rerun it under autograd to
+get the gradients (their low-level backward kernels are private APIs that change between versions).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,28 +33,11 @@ from typing import Any, Literal
 
 import torch
 
-Backend = Literal["auto", "math", "flash", "torch"]
-BACKENDS: tuple[str, ...] = ("auto", "math", "flash", "torch")
+from slimpack.runtime.kernels import KERNELS, has_cpu_flash, has_module, library_call, torch_varlen
 
-# Score-block budget of the math backend: elements of one (query block x keys) score matrix.
-MATH_BLOCK_ELEMENTS = 1 << 22
-
+Backend = Literal["auto", "math", "cpu", "flash", "torch"]
+BACKENDS: tuple[str, ...] = ("auto", "flash", "torch", "cpu", "math")
 KVPiece = tuple[torch.Tensor, torch.Tensor]
-
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _torch_varlen() -> Any | None:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
 
 
 def available_backends(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[str]:
@@ -62,10 +45,12 @@ def available_backends(device: torch.device | str = "cpu", dtype: torch.dtype = 
     device = torch.device(device)
     found = []
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        if _has_module("flash_attn"):
+        if has_module("flash_attn"):
             found.append("flash")
-        if _torch_varlen() is not None:
+        if torch_varlen() is not None:
             found.append("torch")
+    if device.type == "cpu" and dtype in (torch.float32, torch.float64, torch.bfloat16) and has_cpu_flash():
+        found.append("cpu")
     found.append("math")
     return found
 
@@ -81,108 +66,6 @@ def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype
         raise ValueError(f"attention backend {backend!r} cannot run on {torch.device(device)} with {dtype} "
                          f"(usable here: {', '.join(usable)})")
     return backend
-
-
-# ---- kernels: forward (out, lse) and backward (dq, dk, dv) over packed full keys --------------------
-
-def _math_forward(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, cu_q: list[int],
-                  cu_k: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    num_heads, num_kv = q_thd.shape[1], k_tkd.shape[1]
-    group = num_heads // num_kv
-    out_thd = torch.empty_like(q_thd)
-    # The log-sum-exp is float32 for half inputs (as in FlashAttention), else the input dtype.
-    lse_dtype = torch.float32 if q_thd.element_size() < 4 else q_thd.dtype
-    lse_th = torch.empty(q_thd.shape[:2], dtype=lse_dtype, device=q_thd.device)
-    for (q0, q1), (k0, k1) in zip(_bounds(cu_q), _bounds(cu_k), strict=True):
-        n_q, n_k = q1 - q0, k1 - k0
-        if n_q == 0:
-            continue
-        # K heads x (group x queries) rows: query head h uses KV head h // group (flash's GQA rule)
-        q_kgqd = q_thd[q0:q1].permute(1, 0, 2).reshape(num_kv, group, n_q, -1)
-        k_kdn = k_tkd[k0:k1].permute(1, 2, 0)
-        v_knd = v_tkd[k0:k1].permute(1, 0, 2)
-        for b0, b1 in _query_blocks(n_q, n_k, num_heads):
-            used = b1 + n_k - n_q  # keys visible to the block's last query
-            scores = _masked_scores(q_kgqd[:, :, b0:b1], k_kdn[:, :, :used], b0, n_k - n_q, scale)
-            lse = torch.logsumexp(scores.float() if lse_dtype != scores.dtype else scores, dim=-1)
-            probs = torch.exp(scores - lse.to(scores.dtype).unsqueeze(-1))
-            out = torch.einsum("kgqn,knd->kgqd", probs, v_knd[:, :used])
-            out_thd[q0 + b0:q0 + b1] = out.reshape(num_heads, b1 - b0, -1).permute(1, 0, 2)
-            lse_th[q0 + b0:q0 + b1] = lse.reshape(num_heads, b1 - b0).T
-    return out_thd, lse_th
-
-
-def _math_backward(dout_thd: torch.Tensor, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
-                   out_thd: torch.Tensor, lse_th: torch.Tensor, cu_q: list[int], cu_k: list[int],
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    num_heads, num_kv = q_thd.shape[1], k_tkd.shape[1]
-    group = num_heads // num_kv
-    dq_thd = torch.zeros_like(q_thd)
-    dk_tkd = torch.zeros_like(k_tkd)
-    dv_tkd = torch.zeros_like(v_tkd)
-    # delta = rowsum(dO * O), the softmax-backward correction (FlashAttention-2, Alg. 2)
-    delta_th = (dout_thd * out_thd).sum(-1)
-    for (q0, q1), (k0, k1) in zip(_bounds(cu_q), _bounds(cu_k), strict=True):
-        n_q, n_k = q1 - q0, k1 - k0
-        if n_q == 0:
-            continue
-        q_kgqd = q_thd[q0:q1].permute(1, 0, 2).reshape(num_kv, group, n_q, -1)
-        do_kgqd = dout_thd[q0:q1].permute(1, 0, 2).reshape(num_kv, group, n_q, -1)
-        lse_kgq = lse_th[q0:q1].T.reshape(num_kv, group, n_q)
-        delta_kgq = delta_th[q0:q1].T.reshape(num_kv, group, n_q)
-        k_kdn = k_tkd[k0:k1].permute(1, 2, 0)
-        v_knd = v_tkd[k0:k1].permute(1, 0, 2)
-        for b0, b1 in _query_blocks(n_q, n_k, num_heads):
-            used = b1 + n_k - n_q
-            scores = _masked_scores(q_kgqd[:, :, b0:b1], k_kdn[:, :, :used], b0, n_k - n_q, scale)
-            probs = torch.exp(scores - lse_kgq[:, :, b0:b1].to(scores.dtype).unsqueeze(-1))
-            do = do_kgqd[:, :, b0:b1]
-            dv_tkd[k0:k0 + used] += torch.einsum("kgqn,kgqd->nkd", probs, do)
-            dprobs = torch.einsum("kgqd,knd->kgqn", do, v_knd[:, :used])
-            dscores = probs * (dprobs - delta_kgq[:, :, b0:b1].to(probs.dtype).unsqueeze(-1)) * scale
-            dq = torch.einsum("kgqn,kdn->kgqd", dscores, k_kdn[:, :, :used])
-            dq_thd[q0 + b0:q0 + b1] = dq.reshape(num_heads, b1 - b0, -1).permute(1, 0, 2)
-            dk_tkd[k0:k0 + used] += torch.einsum("kgqn,kgqd->nkd", dscores, q_kgqd[:, :, b0:b1])
-    return dq_thd, dk_tkd, dv_tkd
-
-
-def _bounds(cu: list[int]) -> list[tuple[int, int]]:
-    return list(zip(cu[:-1], cu[1:], strict=True))
-
-
-def _query_blocks(n_q: int, n_k: int, num_heads: int) -> list[tuple[int, int]]:
-    size = max(16, MATH_BLOCK_ELEMENTS // max(1, num_heads * n_k))
-    return [(b, min(b + size, n_q)) for b in range(0, n_q, size)]
-
-
-def _masked_scores(q_kgqd: torch.Tensor, k_kdn: torch.Tensor, first_query: int, offset: int,
-                   scale: float) -> torch.Tensor:
-    """Scores of a block of queries (first index ``first_query`` in its segment) against the keys
-    they may see; query t sees key j iff j <= t + offset (offset = n_k - n_q, bottom-right)."""
-    scores = torch.einsum("kgqd,kdn->kgqn", q_kgqd, k_kdn) * scale
-    n_block, n_used = scores.shape[-2], scores.shape[-1]
-    rows = torch.arange(first_query, first_query + n_block, device=scores.device).unsqueeze(1)
-    cols = torch.arange(n_used, device=scores.device).unsqueeze(0)
-    return scores.masked_fill(cols > rows + offset, float("-inf"))
-
-
-def _library_call(backend: str, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
-                  cu_q: list[int], cu_k: list[int], scale: float) -> torch.Tensor:
-    """One causal varlen call of a GPU library (autograd through the library's own backward)."""
-    device = q_thd.device
-    cu_q_t = torch.tensor(cu_q, dtype=torch.int32, device=device)
-    cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=device)
-    max_q = max(b - a for a, b in _bounds(cu_q))
-    max_k = max(b - a for a, b in _bounds(cu_k))
-    if backend == "flash":
-        from flash_attn import flash_attn_varlen_func
-
-        return flash_attn_varlen_func(q_thd, k_tkd, v_tkd, cu_q_t, cu_k_t, max_q, max_k,
-                                      softmax_scale=scale, causal=True)
-    varlen_attn = _torch_varlen()
-    assert varlen_attn is not None
-    return varlen_attn(q_thd, k_tkd, v_tkd, cu_q_t, cu_k_t, max_q, max_k, scale=scale,
-                       window_size=(-1, 0), enable_gqa=q_thd.shape[1] != k_tkd.shape[1])
 
 
 # ---- the autograd function ---------------------------------------------------------------------
@@ -235,11 +118,12 @@ class _VarlenAttention(torch.autograd.Function):
     def forward(ctx: Any, layout: _Layout, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
                 *flat: torch.Tensor) -> torch.Tensor:
         kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
-        if layout.backend == "math":
-            out_thd, lse_th = _math_forward(q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
+        if layout.backend in KERNELS:
+            forward = KERNELS[layout.backend][0]
+            out_thd, lse_th = forward(q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
             ctx.save_for_backward(q_thd, k_tkd, v_tkd, out_thd, lse_th, *flat)
         else:
-            out_thd = _library_call(layout.backend, q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
+            out_thd = library_call(layout.backend, q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
             ctx.save_for_backward(q_thd, k_tkd, v_tkd, *flat)
         ctx.layout = layout
         return out_thd
@@ -247,17 +131,18 @@ class _VarlenAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dout_thd: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         layout: _Layout = ctx.layout
-        if layout.backend == "math":
+        if layout.backend in KERNELS:
+            backward = KERNELS[layout.backend][1]
             q_thd, k_tkd, v_tkd, out_thd, lse_th, *flat = ctx.saved_tensors
             kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
-            dq, dk_full, dv_full = _math_backward(dout_thd.contiguous(), q_thd, kf_tkd, vf_tkd, out_thd,
+            dq, dk_full, dv_full = backward(dout_thd.contiguous(), q_thd, kf_tkd, vf_tkd, out_thd,
                                                   lse_th, layout.cu_q, cu_full, layout.scale)
         else:
             q_thd, k_tkd, v_tkd, *flat = ctx.saved_tensors
             kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
             with torch.enable_grad():
                 inputs = [t.detach().requires_grad_() for t in (q_thd, kf_tkd, vf_tkd)]
-                out = _library_call(layout.backend, *inputs, layout.cu_q, cu_full, layout.scale)
+                out = library_call(layout.backend, *inputs, layout.cu_q, cu_full, layout.scale)
                 dq, dk_full, dv_full = torch.autograd.grad(out, inputs, dout_thd)
         dk, dv, piece_grads = layout.split_key_grads(dk_full, dv_full, cu_full, flat)
         return (None, dq, dk, dv, *piece_grads)

@@ -38,10 +38,11 @@ def _layer(block: Block, x_te: torch.Tensor, cos_tc: torch.Tensor, sin_tc: torch
     q_thd = _rope((a_te @ block.wq.T).view(num_tokens, cfg.num_heads, cfg.head_dim), cos_tc, sin_tc)
     k_tkd = _rope((a_te @ block.wk.T).view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos_tc, sin_tc)
     v_tkd = (a_te @ block.wv.T).view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-    attn_hte = F.scaled_dot_product_attention(
-        q_thd.transpose(0, 1), k_tkd.transpose(0, 1), v_tkd.transpose(0, 1), is_causal=True,
+    # (1, heads, T, D): with a batch dimension torch picks its fused kernel (memory O(T), not O(T²))
+    attn_1hte = F.scaled_dot_product_attention(
+        q_thd.transpose(0, 1)[None], k_tkd.transpose(0, 1)[None], v_tkd.transpose(0, 1)[None], is_causal=True,
         enable_gqa=cfg.num_heads != cfg.num_kv_heads, scale=1.0 / math.sqrt(cfg.head_dim))
-    h1_te = x_te + attn_hte.transpose(0, 1).reshape(num_tokens, cfg.hidden) @ block.wo.T
+    h1_te = x_te + attn_1hte[0].transpose(0, 1).reshape(num_tokens, cfg.hidden) @ block.wo.T
     b_te = _rms_norm(h1_te, block.mlp_norm)
     if cfg.ffn_kind == "swiglu":
         inner_tf = F.silu(b_te @ block.w_gate.T) * (b_te @ block.w_up.T)

@@ -8,7 +8,8 @@ plan's (non-deferred) samples. A pipeline with an explicit per-stage ``order`` r
 (which checks the order too); otherwise all forward groups, then all backward groups.
 
 Errors: the loss's relative difference, and per parameter max|g − g_ref| / max|g_ref| (relative to
-the largest reference entry, so entries near zero do not blow it up).
+the largest reference entry, so entries near zero do not blow it up; floored at ``RELATIVE_FLOOR``
+of the largest gradient entry of the model, for parameters whose true gradient is zero).
 """
 
 from __future__ import annotations
@@ -35,16 +36,34 @@ from slimpack.runtime.reference import reference_loss
 DEFAULT_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
+# A parameter's error is relative to its largest reference gradient entry, but never to less than
+# this fraction of the largest entry of any parameter: where a gradient is zero in exact arithmetic
+# (Q/K weights when no sample has more than two tokens), both sides are pure roundoff.
+RELATIVE_FLOOR = 1e-3
+
+
 @dataclass(frozen=True, slots=True)
 class ParamError:
     name: str
     numel: int
     max_abs_reference: float
     max_abs_error: float
+    scale: float
+    """The denominator: max(max_abs_reference, RELATIVE_FLOOR x the largest over all parameters)."""
 
     @property
     def relative(self) -> float:
-        return self.max_abs_error / self.max_abs_reference if self.max_abs_reference > 0 else self.max_abs_error
+        return self.max_abs_error / self.scale if self.scale > 0 else self.max_abs_error
+
+
+def gradient_errors(grads: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> list[ParamError]:
+    """Per parameter: max|g − g_ref| relative to max|g_ref| (floored, see ``RELATIVE_FLOOR``)."""
+    largest = {name: float(ref.abs().max()) if ref.numel() else 0.0 for name, ref in reference.items()}
+    floor = RELATIVE_FLOOR * max(largest.values(), default=0.0)
+    return [ParamError(name=name, numel=ref.numel(), max_abs_reference=largest[name],
+                       max_abs_error=float((grads[name] - ref).abs().max()) if ref.numel() else 0.0,
+                       scale=max(largest[name], floor))
+            for name, ref in reference.items()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +154,8 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
 
     net.zero_grad(set_to_none=True)
     ref = reference_loss(net, tokens, num_loss_tokens=num_loss)
-    errors = []
-    for name, p in net.named_parameters():
-        ref_grad = p.grad if p.grad is not None else torch.zeros_like(p)
-        errors.append(ParamError(name=name, numel=p.numel(), max_abs_reference=float(ref_grad.abs().max()),
-                                 max_abs_error=float((grads[name] - ref_grad).abs().max())))
+    errors = gradient_errors(grads, {name: p.grad if p.grad is not None else torch.zeros_like(p)
+                                     for name, p in net.named_parameters()})
     net.zero_grad(set_to_none=True)
     return VerifyResult(
         model=config, dtype=str(dtype).removeprefix("torch."), loss=float(loss), reference_loss=float(ref),
