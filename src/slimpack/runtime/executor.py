@@ -3,7 +3,7 @@
 How a stage keeps forward and backward groupings independent (SlimPack's asymmetric partitioning)
 without recomputation or ``retain_graph``:
 
-- **Cells.** The slices of forward group g that belong to backward group b form the cell (g, b).
+- **Cells** (``cells``). The slices of forward group g that belong to backward group b form the cell (g, b).
   A forward action runs all cells of its group together, layer by layer, but each cell gets its
   own autograd graph: the row-wise work (norms, projections, MLP) and the attention call are packed
   per cell. Symmetric plans have one cell per group, so the whole group is packed. A backward
@@ -37,6 +37,7 @@ import torch
 
 from slimpack.plan.types import Slice
 from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
+from slimpack.runtime.cells import CellSpec, GroupLayout, Run, fmt_slice
 from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import ModelStage
@@ -45,33 +46,6 @@ from slimpack.runtime.ops import rope_tables
 
 class ScheduleError(RuntimeError):
     """An action was run before one of its dependencies (DESIGN.md §3), or twice."""
-
-
-def _fmt(s: Slice) -> str:
-    return f"({s.sample_id}, {s.start}, {s.end})"
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """Consecutive slices of one sample inside a cell: one attention segment."""
-
-    sample_id: int
-    start: int
-    end: int
-
-
-@dataclass(frozen=True, slots=True)
-class _CellSpec:
-    key: tuple[int, int]
-    """(forward group, backward group)."""
-    slices: tuple[Slice, ...]
-    runs: tuple[_Run, ...]
-    fg_rows: list[int]
-    """For each row of the cell, its row in the forward group's layout."""
-    bg_rows: list[int]
-    """For each row of the cell, its row in the backward group's layout."""
-    fg_identity: bool
-    bg_identity: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +60,13 @@ class _Piece:
 class _CellState:
     """What a forwarded cell keeps until its backward."""
 
-    spec: _CellSpec
-    root: torch.Tensor
-    port: _OutputPort | None
+    spec: CellSpec
     x_te: torch.Tensor | None
     """The input leaf (stages > 0): its ``.grad`` is the input gradient."""
+    root: torch.Tensor | None = None
+    """The graph root: the cell's loss (last stage) or its ``_OutputPort`` anchor."""
+    port: _GradHolder | None = None
+    """Where backward puts the output gradient (stages < last)."""
     kv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     """Per layer with published K/V: (k, v in the graph, k leaf, v leaf)."""
     published: list[tuple[int, int, _Piece]] = field(default_factory=list)
@@ -136,9 +112,6 @@ class StageExecutor:
                  backend: str = "auto", name: str = "stage", tracker: ActivationTracker | None = None) -> None:
         self.stage = stage
         self.name = name
-        self.forward_groups = tuple(tuple(Slice(*s) for s in g) for g in forward)
-        self.backward_groups = tuple(tuple(Slice(*s) for s in g) for g in backward)
-        self.lengths = dict(sample_lengths)
         param = next(stage.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.backend = resolve_backend(backend, self.device, self.dtype)
@@ -146,98 +119,20 @@ class StageExecutor:
         if (stage.has_embedding or stage.has_head) and tokens is None:
             raise ValueError(f"{name}: the first and last stages need the token ids of every sample")
         self.tokens = {sid: t.to(self.device) for sid, t in (tokens or {}).items()}
-        self._fg_of, self._fg_row = self._index(self.forward_groups, "forward")
-        self._bg_of, self._bg_row = self._index(self.backward_groups, "backward")
-        if set(self._fg_of) != set(self._bg_of):
-            extra = sorted(set(self._fg_of) ^ set(self._bg_of))[:3]
-            raise ValueError(f"{name}: forward and backward groups do not hold the same slices, e.g. "
-                             f"{', '.join(map(_fmt, extra))}")
-        self._by_sample = self._check_tiling()
-        self._cells = self._build_cells()
+        self.layout = GroupLayout(forward, backward, sample_lengths, name=name)
+        self.forward_groups, self.backward_groups = self.layout.forward, self.layout.backward
+        self.lengths = self.layout.lengths
         self.num_loss_tokens = (num_loss_tokens if num_loss_tokens is not None
-                                else count_loss_tokens(self.lengths[s] for s in self._by_sample))
+                                else count_loss_tokens(self.lengths[s] for s in self.layout.by_sample))
         self._forwarded: set[Slice] = set()
         self._backwarded: set[Slice] = set()
         self._live: dict[tuple[int, int], _CellState] = {}
         self._kv: dict[int, list[list[_Piece]]] = {}
 
-    # ---- structure -----------------------------------------------------------------------------
-    def _index(self, groups: tuple[tuple[Slice, ...], ...], what: str) -> tuple[dict[Slice, int], dict[Slice, int]]:
-        group_of: dict[Slice, int] = {}
-        row_of: dict[Slice, int] = {}
-        for g, group in enumerate(groups):
-            row = 0
-            for s in group:
-                if s.sample_id not in self.lengths:
-                    raise ValueError(f"{self.name}: {what} group {g} has slice {_fmt(s)} of unknown sample")
-                if not 0 <= s.start < s.end <= self.lengths[s.sample_id]:
-                    raise ValueError(f"{self.name}: {what} group {g} has slice {_fmt(s)} outside sample "
-                                     f"{s.sample_id} of length {self.lengths[s.sample_id]}")
-                if s in group_of:
-                    raise ValueError(f"{self.name}: slice {_fmt(s)} is in {what} groups {group_of[s]} and {g}")
-                group_of[s], row_of[s] = g, row
-                row += s.tokens
-        return group_of, row_of
-
-    def _check_tiling(self) -> dict[int, list[Slice]]:
-        by_sample: dict[int, list[Slice]] = {}
-        for s in self._fg_of:
-            by_sample.setdefault(s.sample_id, []).append(s)
-        for sid, slices in by_sample.items():
-            slices.sort(key=lambda s: s.start)
-            at = 0
-            for s in slices:
-                if s.start != at:
-                    raise ValueError(f"{self.name}: the slices of sample {sid} do not tile [0, "
-                                     f"{self.lengths[sid]}): {'gap' if s.start > at else 'overlap'} at {at}")
-                at = s.end
-            if at != self.lengths[sid]:
-                raise ValueError(f"{self.name}: the slices of sample {sid} end at {at}, not at its length "
-                                 f"{self.lengths[sid]}")
-        return by_sample
-
-    def _build_cells(self) -> dict[int, list[_CellSpec]]:
-        """Cells per forward group, in the order of their first slice in the group."""
-        cells: dict[int, list[_CellSpec]] = {}
-        for g, group in enumerate(self.forward_groups):
-            members: dict[int, list[Slice]] = {}
-            for s in group:
-                members.setdefault(self._bg_of[s], []).append(s)
-            cells[g] = [self._cell(g, b, tuple(slices)) for b, slices in members.items()]
-        return cells
-
-    def _cell(self, g: int, b: int, slices: tuple[Slice, ...]) -> _CellSpec:
-        per_sample: dict[int, list[Slice]] = {}
-        for s in slices:
-            per_sample.setdefault(s.sample_id, []).append(s)
-        runs = []
-        for sid, items in per_sample.items():
-            items.sort(key=lambda s: s.start)
-            for s, t in zip(items, items[1:], strict=False):
-                if s.end != t.start:
-                    raise ValueError(
-                        f"{self.name}: slices {_fmt(s)} and {_fmt(t)} share forward group {g} and backward "
-                        f"group {b} but a slice between them does not; no order can run them")
-            runs.append(_Run(sid, items[0].start, items[-1].end))
-        fg_rows, bg_rows = [], []
-        for run in runs:
-            for s in per_sample[run.sample_id]:
-                fg_rows.extend(range(self._fg_row[s], self._fg_row[s] + s.tokens))
-                bg_rows.extend(range(self._bg_row[s], self._bg_row[s] + s.tokens))
-        fg_total = sum(s.tokens for s in self.forward_groups[g])
-        bg_total = sum(s.tokens for s in self.backward_groups[b])
-        return _CellSpec(key=(g, b), slices=slices, runs=tuple(runs), fg_rows=fg_rows, bg_rows=bg_rows,
-                         fg_identity=fg_rows == list(range(fg_total)),
-                         bg_identity=bg_rows == list(range(bg_total)))
-
-    def group_tokens(self, kind: str, group: int) -> int:
-        groups = self.forward_groups if kind == "F" else self.backward_groups
-        return sum(s.tokens for s in groups[group])
-
     @property
     def finished(self) -> bool:
         """Every slice has run its forward and its backward on this stage."""
-        return len(self._backwarded) == len(self._fg_of)
+        return len(self._backwarded) == len(self.layout.fg_of)
 
     @property
     def live_cells(self) -> int:
@@ -245,7 +140,7 @@ class StageExecutor:
         return len(self._live)
 
     def unfinished(self) -> list[Slice]:
-        return [s for s in self._fg_of if s not in self._backwarded]
+        return [s for s in self.layout.fg_of if s not in self._backwarded]
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, group: int, inputs: torch.Tensor | None = None) -> torch.Tensor:
@@ -261,13 +156,13 @@ class StageExecutor:
         members = set(slices)
         for s in slices:
             if s in self._forwarded:
-                raise ScheduleError(f"{action} on {self.name}: slice {_fmt(s)} has already run its forward")
-            for earlier in self._by_sample[s.sample_id]:
+                raise ScheduleError(f"{action} on {self.name}: slice {fmt_slice(s)} has already run its forward")
+            for earlier in self.layout.by_sample[s.sample_id]:
                 if earlier.start < s.start and earlier not in self._forwarded and earlier not in members:
                     raise ScheduleError(
-                        f"{action} on {self.name}: slice {_fmt(s)} needs the forward of earlier slice "
-                        f"{_fmt(earlier)} (F{self._fg_of[earlier]}) first")
-        num_tokens = self.group_tokens("F", group)
+                        f"{action} on {self.name}: slice {fmt_slice(s)} needs the forward of earlier slice "
+                        f"{fmt_slice(earlier)} (F{self.layout.fg_of[earlier]}) first")
+        num_tokens = self.layout.group_tokens("F", group)
         if self.stage.has_embedding:
             if inputs is not None:
                 raise ValueError(f"{action} on {self.name}: the first stage embeds tokens and takes no input")
@@ -275,21 +170,21 @@ class StageExecutor:
             got = None if inputs is None else tuple(inputs.shape)
             raise ValueError(f"{action} on {self.name}: expected an input of shape "
                              f"({num_tokens}, {self.stage.config.hidden}), got {got}")
-        specs = self._cells[group]
+        specs = self.layout.cells[group]
         with self._recording(), torch.enable_grad():
             states, outputs = self._forward_cells(specs, inputs)
         self._forwarded |= members
         for state in states:
             self._live[state.spec.key] = state
         for s in slices:  # a sample whose forward is complete needs no cache on this stage
-            if all(t in self._forwarded for t in self._by_sample[s.sample_id]):
+            if all(t in self._forwarded for t in self.layout.by_sample[s.sample_id]):
                 self._kv.pop(s.sample_id, None)
         return self._to_group_layout(specs, outputs, num_tokens)
 
     def _recording(self) -> Any:
         return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
 
-    def _forward_cells(self, specs: list[_CellSpec],
+    def _forward_cells(self, specs: list[CellSpec],
                        inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
         cfg = self.stage.config
         xs: list[torch.Tensor] = []
@@ -307,7 +202,7 @@ class StageExecutor:
                 leaves.append(xs[-1])
             positions = torch.cat([torch.arange(r.start, r.end, device=self.device) for r in spec.runs])
             tables.append(rope_tables(positions, cfg.head_dim, dtype=self.dtype))
-        states = [_CellState(spec=spec, root=xs[0], port=None, x_te=leaf)
+        states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
         for layer_index, block in enumerate(self.stage.layers):
             qkv = [block.attention_inputs(x, *table) for x, table in zip(xs, tables, strict=True)]
@@ -329,7 +224,7 @@ class StageExecutor:
                 state.root = losses_t.sum() / max(self.num_loss_tokens, 1)
                 outputs.append(losses_t.detach())
             else:
-                state.port = _GradHolder()  # type: ignore[assignment]
+                state.port = _GradHolder()
                 state.root = _OutputPort.apply(x, state.port)
                 outputs.append(x.detach())
         return states, outputs
@@ -354,7 +249,7 @@ class StageExecutor:
                 state.published.append((run.sample_id, layer_index, piece))
             rows += n
 
-    def _prefix(self, run: _Run, layer_index: int) -> list[KVPiece]:
+    def _prefix(self, run: Run, layer_index: int) -> list[KVPiece]:
         """K/V pieces covering [0, run.start) of the run's sample, in position order."""
         if run.start == 0:
             return []
@@ -367,7 +262,7 @@ class StageExecutor:
         assert at == run.start, (run, at)
         return [(p.k_tkd, p.v_tkd) for p in pieces]
 
-    def _to_group_layout(self, specs: list[_CellSpec], outputs: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
+    def _to_group_layout(self, specs: list[CellSpec], outputs: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
         if len(specs) == 1 and specs[0].fg_identity:
             return outputs[0]
         out = outputs[0].new_empty((num_tokens, *outputs[0].shape[1:]))
@@ -389,16 +284,16 @@ class StageExecutor:
         members = set(slices)
         for s in slices:
             if s in self._backwarded:
-                raise ScheduleError(f"{action} on {self.name}: slice {_fmt(s)} has already run its backward")
+                raise ScheduleError(f"{action} on {self.name}: slice {fmt_slice(s)} has already run its backward")
             if s not in self._forwarded:
-                raise ScheduleError(f"{action} on {self.name}: slice {_fmt(s)} has not run its forward "
-                                    f"(F{self._fg_of[s]}) yet")
-            for later in self._by_sample[s.sample_id]:
+                raise ScheduleError(f"{action} on {self.name}: slice {fmt_slice(s)} has not run its forward "
+                                    f"(F{self.layout.fg_of[s]}) yet")
+            for later in self.layout.by_sample[s.sample_id]:
                 if later.start > s.start and later not in self._backwarded and later not in members:
                     raise ScheduleError(
-                        f"{action} on {self.name}: slice {_fmt(s)} needs the backward of later slice "
-                        f"{_fmt(later)} (B{self._bg_of[later]}) first")
-        num_tokens = self.group_tokens("B", group)
+                        f"{action} on {self.name}: slice {fmt_slice(s)} needs the backward of later slice "
+                        f"{fmt_slice(later)} (B{self.layout.bg_of[later]}) first")
+        num_tokens = self.layout.group_tokens("B", group)
         if self.stage.has_head:
             if grad_output is not None:
                 raise ValueError(f"{action} on {self.name}: the last stage starts from the loss; "
@@ -407,35 +302,21 @@ class StageExecutor:
             got = None if grad_output is None else tuple(grad_output.shape)
             raise ValueError(f"{action} on {self.name}: expected an output gradient of shape "
                              f"({num_tokens}, {self.stage.config.hidden}), got {got}")
-        keys = sorted({(self._fg_of[s], group) for s in slices})
+        keys = sorted({(self.layout.fg_of[s], group) for s in slices})
         grad_input = None
         if not self.stage.has_embedding:
             grad_input = torch.zeros((num_tokens, self.stage.config.hidden), device=self.device, dtype=self.dtype)
-        for wave in self._waves(keys):
+        for wave in self.layout.waves(keys):
             self._backward_cells([self._live.pop(key) for key in wave], grad_output, grad_input)
         self._backwarded |= members
         return grad_input
-
-    def _waves(self, keys: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-        """Cells of one backward group in rounds: a cell waits for cells holding later slices of its
-        samples (they hand it dK/dV)."""
-        specs = {key: next(c for c in self._cells[key[0]] if c.key == key) for key in keys}
-        waits = {key: {other for other in keys if other != key and any(
-            t.sample_id == s.sample_id and t.start > s.start
-            for s in specs[key].slices for t in specs[other].slices)} for key in keys}
-        waves, done = [], set()
-        while len(done) < len(keys):
-            ready = [key for key in keys if key not in done and waits[key] <= done]
-            assert ready, f"cyclic cell dependencies in {keys}"  # impossible for tiled samples
-            waves.append(ready)
-            done.update(ready)
-        return waves
 
     def _backward_cells(self, states: list[_CellState], grad_output: torch.Tensor | None,
                         grad_input: torch.Tensor | None) -> None:
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
         for state in states:
+            assert state.root is not None
             roots.append(state.root)
             grads.append(torch.ones_like(state.root))
             if state.port is not None:
