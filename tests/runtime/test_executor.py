@@ -234,3 +234,13 @@ def test_changing_one_document_leaves_the_others_unchanged() -> None:
                 assert not torch.equal(mid_a[span], mid_b[span])
             else:
                 assert torch.equal(mid_a[span], mid_b[span]) and torch.equal(loss_a[span], loss_b[span])
+
+
+def test_an_order_that_skips_a_backward_is_reported() -> None:
+    net = build_model(TINY)
+    tokens = random_tokens(LENGTHS, TINY.vocab_size)
+    executors = build_executors(net, ASYMMETRIC, num_chunks=2, sample_lengths=LENGTHS, tokens=tokens,
+                                num_loss_tokens=count_loss_tokens(LENGTHS.values()))
+    order = (("F0", "F1", "F2", "B0", "B1"), ("F0", "F1", "F2", "B0", "B1"))
+    with pytest.raises(ScheduleError, match=r"leaves 2 slice\(s\) without backward on stage 0"):
+        run_stage_orders(executors, order)
