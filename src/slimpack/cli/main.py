@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "plan": "slimpack.cli.plan",
     "validate": "slimpack.cli.validate",
     "simulate": "slimpack.cli.simulate",
+    "verify": "slimpack.cli.verify",
 }
 
 EXIT_INVALID_PLAN = 1

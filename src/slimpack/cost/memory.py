@@ -65,6 +65,13 @@ def logits_bytes_per_token(model: ModelConfig, *, tp: int, cp: int) -> float:
     return model.vocab_size / tp * LOGIT_BYTES / cp
 
 
+def head_input_bytes_per_token(model: ModelConfig, *, tp: int, cp: int, sequence_parallel: bool) -> float:
+    """Bytes per token kept on the last stage for the final norm's input and the LM head's input
+    (its output), sharded by tp under sequence parallelism like the layers' norm tensors."""
+    elements = 2 * model.hidden
+    return elements * model.dtype_bytes / (tp if sequence_parallel else 1) / cp
+
+
 def model_state_bytes(num_params: float, *, shard_ranks: int, distributed_optimizer: bool) -> float:
     """Bytes of parameters, gradients and optimizer states for ``num_params`` held by one device."""
     optimizer = OPTIMIZER_BYTES / shard_ranks if distributed_optimizer else OPTIMIZER_BYTES

@@ -68,6 +68,8 @@ class CostModel:
         self._working_bytes_layer = memory.working_bytes_per_token(
             model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
         self._logit_bytes = memory.logits_bytes_per_token(model, tp=par.tp, cp=1)
+        self._head_input_bytes = memory.head_input_bytes_per_token(
+            model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
         # bytes of the hidden state per token on one device (sharded by tp under SP)
         self._attn_half = eff.attention_half_tokens
         self._coefficients = {b: self._additive_coefficients(b) for b in (False, True)}
@@ -209,7 +211,7 @@ class CostModel:
         shape = self.chunk_shape(virtual_stage)
         kept = shape.num_layers * self.layer_activation_bytes(tokens, cp=cp)
         if shape.has_head:
-            kept += self._logit_bytes * tokens / cp
+            kept += (self._logit_bytes + self._head_input_bytes) * tokens / cp
         return kept
 
     def layer_activation_bytes(self, tokens: float, *, cp: int | None = None) -> float:

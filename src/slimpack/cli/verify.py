@@ -1,0 +1,103 @@
+"""``slimpack verify``: run a plan sliced and packed through the PyTorch runtime and compare the loss
+and every gradient with ordinary unsliced training of the same samples (``slimpack.runtime.verify``).
+
+Exit 0 when the loss and all gradients agree within the tolerance, 1 when they do not (or the plan
+cannot be executed), 2 for a usage error. Imports torch only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from slimpack.cli.common import positive_int
+from slimpack.errors import UserError
+
+if TYPE_CHECKING:
+    from slimpack.plan import Plan
+    from slimpack.runtime.verify import VerifyResult
+
+HELP = "check a plan's numerics: loss and gradients of its sliced, packed execution vs unsliced training"
+
+DEFAULT_MAX_TOKENS = 64 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, metavar="FILE", help="plan file (JSON) to verify")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="precision of the check (default float64)")
+    parser.add_argument("--model", default="tiny", metavar="M",
+                        help="model preset for the numerics (default tiny); the plan's sample lengths are kept")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the random tokens")
+    parser.add_argument("--tolerance", type=float, metavar="X",
+                        help="largest relative error accepted (default 1e-10 for float64, 1e-5 for float32)")
+    parser.add_argument("--backend", choices=("auto", "math", "flash", "torch"), default="auto",
+                        help="attention backend (default auto)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                        help="refuse plans with more tokens than this on a CPU unless --force (default 64K)")
+    parser.add_argument("--force", action="store_true", help="verify however many tokens the plan has")
+    parser.add_argument("--ignore-order", action="store_true",
+                        help="run all forwards then all backwards even where the plan gives a per-stage order")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import torch
+    except ImportError:
+        raise UserError("slimpack verify needs PyTorch: install slimpack[torch]") from None
+    from slimpack.plan import load_plan
+    from slimpack.runtime.executor import ScheduleError
+    from slimpack.runtime.verify import DEFAULT_TOLERANCE, numerics_model, plan_lengths, verify_plan
+
+    plan = load_plan(args.plan)
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE[dtype]
+    try:
+        lengths = plan_lengths(plan)
+    except ValueError as exc:
+        raise UserError(f"{args.plan}: {exc}") from None
+    total = sum(lengths.values())
+    if torch.device(args.device).type == "cpu" and total > args.max_tokens and not args.force:
+        raise UserError(f"{args.plan} runs {total} tokens in {len(lengths)} samples, more than {args.max_tokens} "
+                        f"is slow on a CPU (sample lengths are never scaled down); pass --force to run it anyway")
+    par = plan.config.parallel
+    model = numerics_model(args.model, par.pp * par.virtual_stages)
+    try:
+        result = verify_plan(plan, model=model, dtype=dtype, seed=args.seed, backend=args.backend,
+                             device=args.device, use_order=not args.ignore_order)
+    except (ScheduleError, ValueError) as exc:
+        print(f"slimpack verify: FAILED, the plan cannot be executed: {exc}")
+        return 1
+    _report(args, plan, result, tolerance)
+    return 0 if result.passed(tolerance) else 1
+
+
+def _report(args: argparse.Namespace, plan: Plan, result: VerifyResult, tolerance: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 110)  # keep parameter names whole in logs
+    m = result.model
+    console.print(f"plan {args.plan}: strategy {plan.strategy}, {result.num_samples} samples, "
+                  f"{result.num_tokens} tokens, {result.num_slices} slices, {result.num_pipelines} pipeline(s) "
+                  f"({result.asymmetric_pipelines} asymmetric, {result.ordered_pipelines} run in the plan's order)")
+    console.print(f"numerics: model {m.name} ({m.num_layers} layers, hidden {m.hidden}, {m.num_heads}/"
+                  f"{m.num_kv_heads} heads, {m.ffn_kind}) in {result.dtype}, {plan.config.parallel.pp} stage(s) "
+                  f"x {plan.config.parallel.virtual_stages} chunk(s), seed {args.seed}")
+    table = Table(title="gradient error per parameter: max|g - g_ref| / max|g_ref|")
+    table.add_column("parameter", no_wrap=True)
+    for column in ("elements", "max |g_ref|", "max |g - g_ref|", "relative", ""):
+        table.add_column(column, justify="right")
+    for p in result.params:
+        ok = p.relative <= tolerance
+        table.add_row(p.name, str(p.numel), f"{p.max_abs_reference:.3e}", f"{p.max_abs_error:.3e}",
+                      f"{p.relative:.2e}", "ok" if ok else "[bold red]FAIL[/]")
+    console.print(table)
+    console.print(f"loss {result.loss:.15g} vs reference {result.reference_loss:.15g}: relative difference "
+                  f"{result.loss_error:.2e}")
+    verdict = "[bold green]PASSED[/]" if result.passed(tolerance) else "[bold red]FAILED[/]"
+    console.print(f"{verdict}: worst gradient error {result.max_grad_error:.2e}, loss error "
+                  f"{result.loss_error:.2e} (tolerance {tolerance:.0e})")

@@ -1,0 +1,151 @@
+"""How a pipeline's forward and backward groups decompose into cells (no torch needed).
+
+The slices of forward group g that belong to backward group b form the *cell* (g, b): the unit
+that gets its own autograd graph on a stage (see ``executor``). Inside a cell, consecutive slices
+of one sample form a *run*, one attention segment ([a, b) and [b, c) together are [a, c)).
+``GroupLayout`` checks that the groups are well formed (both partitions hold the same slices; each
+sample's slices tile [0, length)) and maps rows between a cell and its groups' packed layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from slimpack.plan.types import Slice
+
+
+def fmt_slice(s: Slice) -> str:
+    return f"({s.sample_id}, {s.start}, {s.end})"
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive slices of one sample inside a cell: one attention segment."""
+
+    sample_id: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellSpec:
+    key: tuple[int, int]
+    """(forward group, backward group)."""
+    slices: tuple[Slice, ...]
+    runs: tuple[Run, ...]
+    """The cell's rows are its runs' tokens, run after run."""
+    fg_rows: list[int]
+    """For each row of the cell, its row in the forward group's layout."""
+    bg_rows: list[int]
+    """For each row of the cell, its row in the backward group's layout."""
+    fg_identity: bool
+    bg_identity: bool
+
+
+class GroupLayout:
+    """The groups of one pipeline, indexed: which group and row each slice has, and the cells."""
+
+    def __init__(self, forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]],
+                 sample_lengths: Mapping[int, int], *, name: str = "stage") -> None:
+        self.name = name
+        self.forward = tuple(tuple(Slice(*s) for s in g) for g in forward)
+        self.backward = tuple(tuple(Slice(*s) for s in g) for g in backward)
+        self.lengths = dict(sample_lengths)
+        self.fg_of, self.fg_row = self._index(self.forward, "forward")
+        self.bg_of, self.bg_row = self._index(self.backward, "backward")
+        if set(self.fg_of) != set(self.bg_of):
+            extra = sorted(set(self.fg_of) ^ set(self.bg_of))[:3]
+            raise ValueError(f"{name}: forward and backward groups do not hold the same slices, e.g. "
+                             f"{', '.join(map(fmt_slice, extra))}")
+        self.by_sample = self._check_tiling()
+        """Each sample's slices in position order."""
+        self.cells = {g: self._cells_of(g) for g in range(len(self.forward))}
+        """Cells per forward group, in the order of their first slice in the group."""
+
+    def group_tokens(self, kind: str, group: int) -> int:
+        groups = self.forward if kind == "F" else self.backward
+        return sum(s.tokens for s in groups[group])
+
+    def cell(self, key: tuple[int, int]) -> CellSpec:
+        return next(c for c in self.cells[key[0]] if c.key == key)
+
+    def waves(self, keys: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        """Cells of one backward group in rounds: a cell waits for the cells holding later slices of
+        its samples (they hand it dK/dV)."""
+        specs = {key: self.cell(key) for key in keys}
+        waits = {key: {other for other in keys if other != key and any(
+            t.sample_id == s.sample_id and t.start > s.start
+            for s in specs[key].slices for t in specs[other].slices)} for key in keys}
+        waves: list[list[tuple[int, int]]] = []
+        done: set[tuple[int, int]] = set()
+        while len(done) < len(keys):
+            ready = [key for key in keys if key not in done and waits[key] <= done]
+            assert ready, f"cyclic cell dependencies in {keys}"  # impossible once cells are checked
+            waves.append(ready)
+            done.update(ready)
+        return waves
+
+    def _index(self, groups: tuple[tuple[Slice, ...], ...], what: str) -> tuple[dict[Slice, int], dict[Slice, int]]:
+        group_of: dict[Slice, int] = {}
+        row_of: dict[Slice, int] = {}
+        for g, group in enumerate(groups):
+            row = 0
+            for s in group:
+                if s.sample_id not in self.lengths:
+                    raise ValueError(f"{self.name}: {what} group {g} has slice {fmt_slice(s)} of unknown sample")
+                if not 0 <= s.start < s.end <= self.lengths[s.sample_id]:
+                    raise ValueError(f"{self.name}: {what} group {g} has slice {fmt_slice(s)} outside sample "
+                                     f"{s.sample_id} of length {self.lengths[s.sample_id]}")
+                if s in group_of:
+                    raise ValueError(f"{self.name}: slice {fmt_slice(s)} is in {what} groups {group_of[s]} and {g}")
+                group_of[s], row_of[s] = g, row
+                row += s.tokens
+        return group_of, row_of
+
+    def _check_tiling(self) -> dict[int, list[Slice]]:
+        by_sample: dict[int, list[Slice]] = {}
+        for s in self.fg_of:
+            by_sample.setdefault(s.sample_id, []).append(s)
+        for sid, slices in by_sample.items():
+            slices.sort(key=lambda s: s.start)
+            at = 0
+            for s in slices:
+                if s.start != at:
+                    raise ValueError(f"{self.name}: the slices of sample {sid} do not tile [0, "
+                                     f"{self.lengths[sid]}): {'gap' if s.start > at else 'overlap'} at {at}")
+                at = s.end
+            if at != self.lengths[sid]:
+                raise ValueError(f"{self.name}: the slices of sample {sid} end at {at}, not at its length "
+                                 f"{self.lengths[sid]}")
+        return by_sample
+
+    def _cells_of(self, g: int) -> list[CellSpec]:
+        members: dict[int, list[Slice]] = {}
+        for s in self.forward[g]:
+            members.setdefault(self.bg_of[s], []).append(s)
+        return [self._cell(g, b, tuple(slices)) for b, slices in members.items()]
+
+    def _cell(self, g: int, b: int, slices: tuple[Slice, ...]) -> CellSpec:
+        per_sample: dict[int, list[Slice]] = {}
+        for s in slices:
+            per_sample.setdefault(s.sample_id, []).append(s)
+        runs = []
+        for sid, items in per_sample.items():
+            items.sort(key=lambda s: s.start)
+            for s, t in zip(items, items[1:], strict=False):
+                if s.end != t.start:
+                    # the slice between them would have to run backward both before and after them
+                    raise ValueError(
+                        f"{self.name}: slices {fmt_slice(s)} and {fmt_slice(t)} share forward group {g} and "
+                        f"backward group {b} but a slice between them does not; no order can run them")
+            runs.append(Run(sid, items[0].start, items[-1].end))
+        fg_rows: list[int] = []
+        bg_rows: list[int] = []
+        for run in runs:
+            for s in per_sample[run.sample_id]:
+                fg_rows.extend(range(self.fg_row[s], self.fg_row[s] + s.tokens))
+                bg_rows.extend(range(self.bg_row[s], self.bg_row[s] + s.tokens))
+        return CellSpec(key=(g, b), slices=slices, runs=tuple(runs), fg_rows=fg_rows, bg_rows=bg_rows,
+                        fg_identity=fg_rows == list(range(self.group_tokens("F", g))),
+                        bg_identity=bg_rows == list(range(self.group_tokens("B", b))))

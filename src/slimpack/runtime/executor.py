@@ -1,0 +1,346 @@
+"""The stage executor: runs ``F g`` / ``B g`` actions of a pipeline's groups on one model stage.
+
+How a stage keeps forward and backward groupings independent (SlimPack's asymmetric partitioning)
+without recomputation or ``retain_graph``:
+
+- **Cells** (``cells``). The slices of forward group g that belong to backward group b form the cell (g, b).
+  A forward action runs all cells of its group together, layer by layer, but each cell gets its
+  own autograd graph: the row-wise work (norms, projections, MLP) and the attention call are packed
+  per cell. Symmetric plans have one cell per group, so the whole group is packed. A backward
+  action runs the graphs of its cells, and nothing else.
+- **K/V leaves.** After a layer's Q/K/V projection, a cell's K and V are also published as
+  detached leaves (``k.detach().requires_grad_()``) for the later slices of the same samples that
+  run in other cells. Those slices read them as attention prefix pieces, so their backward
+  accumulates dK/dV into the leaves' ``.grad`` instead of entering the earlier slice's graph. The
+  earlier slice's backward then starts from its output gradient plus, for every layer, K and V
+  seeded with the accumulated leaf gradients. This is also why backward must run later slices first.
+- **Within a cell**, consecutive slices of one sample are one attention segment: [a, b) and [b, c)
+  together are exactly [a, c).
+- **Stage boundaries.** A stage > 0 receives its group's input as a tensor and returns the gradient
+  of that input from backward; a stage < last returns its output from forward and takes the output
+  gradient in backward. Rows follow the group's slice order (forward group for activations, backward
+  group for gradients), which is what a P2P transfer carries. The output is not kept for backward:
+  a scalar anchor (``_OutputPort``) stands in as the graph root, and the gradient is injected there.
+
+Activations of a cell are freed when its backward has run (the graph is dropped); an action whose
+dependencies are not met raises ``ScheduleError`` naming the action and the missing dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slimpack.plan.types import Slice
+from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
+from slimpack.runtime.cells import CellSpec, GroupLayout, Run, fmt_slice
+from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
+from slimpack.runtime.memory import ActivationTracker
+from slimpack.runtime.model import ModelStage
+from slimpack.runtime.ops import rope_tables
+
+
+class ScheduleError(RuntimeError):
+    """An action was run before one of its dependencies (DESIGN.md §3), or twice."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    start: int
+    end: int
+    k_tkd: torch.Tensor
+    v_tkd: torch.Tensor
+
+
+@dataclass
+class _CellState:
+    """What a forwarded cell keeps until its backward."""
+
+    spec: CellSpec
+    x_te: torch.Tensor | None
+    """The input leaf (stages > 0): its ``.grad`` is the input gradient."""
+    root: torch.Tensor | None = None
+    """The graph root: the cell's loss (last stage) or its ``_OutputPort`` anchor."""
+    port: _GradHolder | None = None
+    """Where backward puts the output gradient (stages < last)."""
+    kv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    """Per layer with published K/V: (k, v in the graph, k leaf, v leaf)."""
+    published: list[tuple[int, int, _Piece]] = field(default_factory=list)
+    """(sample, layer, piece) entries this cell put in the K/V cache."""
+    handles: list[Any] = field(default_factory=list)
+
+
+class _OutputPort(torch.autograd.Function):
+    """Graph root standing in for a stage's output: forward returns a scalar anchor and keeps
+    nothing; backward hands on the gradient placed in ``holder.grad``."""
+
+    @staticmethod
+    def forward(ctx: Any, x_te: torch.Tensor, holder: _GradHolder) -> torch.Tensor:
+        ctx.holder = holder
+        return x_te.new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, _anchor: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad, ctx.holder.grad = ctx.holder.grad, None
+        return grad, None
+
+
+class _GradHolder:
+    __slots__ = ("grad",)
+
+    def __init__(self) -> None:
+        self.grad: torch.Tensor | None = None
+
+
+class StageExecutor:
+    """Runs forward and backward actions of one pipeline's groups on one ``ModelStage``.
+
+    ``forward`` and ``backward`` are group lists (forward groups, backward groups) that partition the
+    same slices; ``F g`` runs forward group g, ``B g`` backward group g. ``sample_lengths`` gives
+    every sample's length (each sample's slices must tile [0, length)). ``tokens`` (sample id → ids)
+    is needed on the first stage (inputs) and the last (targets). ``num_loss_tokens`` normalises the
+    loss; it must count the whole global batch (default: this pipeline's samples only).
+    """
+
+    def __init__(self, stage: ModelStage, forward: Sequence[Sequence[Slice]],
+                 backward: Sequence[Sequence[Slice]], *, sample_lengths: Mapping[int, int],
+                 tokens: Mapping[int, torch.Tensor] | None = None, num_loss_tokens: int | None = None,
+                 backend: str = "auto", name: str = "stage", tracker: ActivationTracker | None = None) -> None:
+        self.stage = stage
+        self.name = name
+        param = next(stage.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.backend = resolve_backend(backend, self.device, self.dtype)
+        self.tracker = tracker
+        if (stage.has_embedding or stage.has_head) and tokens is None:
+            raise ValueError(f"{name}: the first and last stages need the token ids of every sample")
+        self.tokens = {sid: t.to(self.device) for sid, t in (tokens or {}).items()}
+        self.layout = GroupLayout(forward, backward, sample_lengths, name=name)
+        self.forward_groups, self.backward_groups = self.layout.forward, self.layout.backward
+        self.lengths = self.layout.lengths
+        self.num_loss_tokens = (num_loss_tokens if num_loss_tokens is not None
+                                else count_loss_tokens(self.lengths[s] for s in self.layout.by_sample))
+        self._forwarded: set[Slice] = set()
+        self._backwarded: set[Slice] = set()
+        self._live: dict[tuple[int, int], _CellState] = {}
+        self._kv: dict[int, list[list[_Piece]]] = {}
+
+    @property
+    def finished(self) -> bool:
+        """Every slice has run its forward and its backward on this stage."""
+        return len(self._backwarded) == len(self.layout.fg_of)
+
+    @property
+    def live_cells(self) -> int:
+        """Cells whose forward has run and whose backward has not (graphs held)."""
+        return len(self._live)
+
+    def unfinished(self) -> list[Slice]:
+        return [s for s in self.layout.fg_of if s not in self._backwarded]
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, group: int, inputs: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``F group``. Stages > 0 take the group's input (T, E) in forward-group row order.
+
+        Returns the output (T, E) on stages < last; on the last stage the per-position
+        cross-entropy (T,) (zero where no loss), whose sum / num_loss_tokens is the group's loss.
+        """
+        action = f"F{group}"
+        if not 0 <= group < len(self.forward_groups):
+            raise ScheduleError(f"{action} on {self.name}: there are {len(self.forward_groups)} forward groups")
+        slices = self.forward_groups[group]
+        members = set(slices)
+        for s in slices:
+            if s in self._forwarded:
+                raise ScheduleError(f"{action} on {self.name}: slice {fmt_slice(s)} has already run its forward")
+            for earlier in self.layout.by_sample[s.sample_id]:
+                if earlier.start < s.start and earlier not in self._forwarded and earlier not in members:
+                    raise ScheduleError(
+                        f"{action} on {self.name}: slice {fmt_slice(s)} needs the forward of earlier slice "
+                        f"{fmt_slice(earlier)} (F{self.layout.fg_of[earlier]}) first")
+        num_tokens = self.layout.group_tokens("F", group)
+        if self.stage.has_embedding:
+            if inputs is not None:
+                raise ValueError(f"{action} on {self.name}: the first stage embeds tokens and takes no input")
+        elif inputs is None or tuple(inputs.shape) != (num_tokens, self.stage.config.hidden):
+            got = None if inputs is None else tuple(inputs.shape)
+            raise ValueError(f"{action} on {self.name}: expected an input of shape "
+                             f"({num_tokens}, {self.stage.config.hidden}), got {got}")
+        specs = self.layout.cells[group]
+        with self._recording(), torch.enable_grad():
+            states, outputs = self._forward_cells(specs, inputs)
+        self._forwarded |= members
+        for state in states:
+            self._live[state.spec.key] = state
+        for s in slices:  # a sample whose forward is complete needs no cache on this stage
+            if all(t in self._forwarded for t in self.layout.by_sample[s.sample_id]):
+                self._kv.pop(s.sample_id, None)
+        return self._to_group_layout(specs, outputs, num_tokens)
+
+    def _recording(self) -> Any:
+        return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
+
+    def _forward_cells(self, specs: list[CellSpec],
+                       inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
+        cfg = self.stage.config
+        xs: list[torch.Tensor] = []
+        tables = []
+        leaves: list[torch.Tensor | None] = []
+        for spec in specs:
+            if self.stage.has_embedding:
+                ids = torch.cat([self.tokens[r.sample_id][r.start:r.end] for r in spec.runs])
+                xs.append(self.stage.embed(ids))
+                leaves.append(None)
+            else:
+                assert inputs is not None
+                rows = inputs if spec.fg_identity else inputs[torch.tensor(spec.fg_rows, device=self.device)]
+                xs.append(rows.detach().requires_grad_())
+                leaves.append(xs[-1])
+            positions = torch.cat([torch.arange(r.start, r.end, device=self.device) for r in spec.runs])
+            tables.append(rope_tables(positions, cfg.head_dim, dtype=self.dtype))
+        states = [_CellState(spec=spec, x_te=leaf)
+                  for spec, leaf in zip(specs, leaves, strict=True)]
+        for layer_index, block in enumerate(self.stage.layers):
+            qkv = [block.attention_inputs(x, *table) for x, table in zip(xs, tables, strict=True)]
+            for state, (_, k, v) in zip(states, qkv, strict=True):
+                self._publish(state, layer_index, k, v)
+            for i, (state, (q, k, v)) in enumerate(zip(states, qkv, strict=True)):
+                prefix = [self._prefix(run, layer_index) for run in state.spec.runs]
+                cu = [0]
+                for run in state.spec.runs:
+                    cu.append(cu[-1] + run.end - run.start)
+                attn = varlen_attention(q, k, v, cu, prefix=prefix, backend=self.backend)
+                xs[i] = block.finish(xs[i], attn)
+        outputs = []
+        for state, x in zip(states, xs, strict=True):
+            if self.stage.has_head:
+                targets = torch.cat([slice_targets(self.tokens[r.sample_id], r.start, r.end)
+                                     for r in state.spec.runs])
+                losses_t = token_losses(self.stage.logits(x), targets)
+                state.root = losses_t.sum() / max(self.num_loss_tokens, 1)
+                outputs.append(losses_t.detach())
+            else:
+                state.port = _GradHolder()
+                state.root = _OutputPort.apply(x, state.port)
+                outputs.append(x.detach())
+        return states, outputs
+
+    def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
+        """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""
+        rows = 0
+        k_leaf = v_leaf = None
+        for run in state.spec.runs:
+            n = run.end - run.start
+            if run.end < self.lengths[run.sample_id]:
+                if k_leaf is None:
+                    k_leaf = k_tkd.detach().requires_grad_()
+                    v_leaf = v_tkd.detach().requires_grad_()
+                    state.kv.append((k_tkd, v_tkd, k_leaf, v_leaf))
+                    if self.tracker is not None:
+                        state.handles += [self.tracker.hold(k_leaf), self.tracker.hold(v_leaf)]
+                assert v_leaf is not None
+                piece = _Piece(run.start, run.end, k_leaf[rows:rows + n], v_leaf[rows:rows + n])
+                layers = self._kv.setdefault(run.sample_id, [[] for _ in self.stage.layers])
+                layers[layer_index].append(piece)
+                state.published.append((run.sample_id, layer_index, piece))
+            rows += n
+
+    def _prefix(self, run: Run, layer_index: int) -> list[KVPiece]:
+        """K/V pieces covering [0, run.start) of the run's sample, in position order."""
+        if run.start == 0:
+            return []
+        pieces = sorted((p for p in self._kv.get(run.sample_id, [[]] * (layer_index + 1))[layer_index]
+                         if p.end <= run.start), key=lambda p: p.start)
+        at = 0
+        for p in pieces:
+            assert p.start == at, (run, [(q.start, q.end) for q in pieces])
+            at = p.end
+        assert at == run.start, (run, at)
+        return [(p.k_tkd, p.v_tkd) for p in pieces]
+
+    def _to_group_layout(self, specs: list[CellSpec], outputs: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
+        if len(specs) == 1 and specs[0].fg_identity:
+            return outputs[0]
+        out = outputs[0].new_empty((num_tokens, *outputs[0].shape[1:]))
+        for spec, rows in zip(specs, outputs, strict=True):
+            out[torch.tensor(spec.fg_rows, device=self.device)] = rows
+        return out
+
+    # ---- backward ------------------------------------------------------------------------------
+    def backward(self, group: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run ``B group``. Stages < last take the output gradient (T, E) in backward-group row order.
+
+        Returns the input gradient (T, E) in backward-group row order on stages > 0, else None.
+        Parameter gradients accumulate in ``.grad``.
+        """
+        action = f"B{group}"
+        if not 0 <= group < len(self.backward_groups):
+            raise ScheduleError(f"{action} on {self.name}: there are {len(self.backward_groups)} backward groups")
+        slices = self.backward_groups[group]
+        members = set(slices)
+        for s in slices:
+            if s in self._backwarded:
+                raise ScheduleError(f"{action} on {self.name}: slice {fmt_slice(s)} has already run its backward")
+            if s not in self._forwarded:
+                raise ScheduleError(f"{action} on {self.name}: slice {fmt_slice(s)} has not run its forward "
+                                    f"(F{self.layout.fg_of[s]}) yet")
+            for later in self.layout.by_sample[s.sample_id]:
+                if later.start > s.start and later not in self._backwarded and later not in members:
+                    raise ScheduleError(
+                        f"{action} on {self.name}: slice {fmt_slice(s)} needs the backward of later slice "
+                        f"{fmt_slice(later)} (B{self.layout.bg_of[later]}) first")
+        num_tokens = self.layout.group_tokens("B", group)
+        if self.stage.has_head:
+            if grad_output is not None:
+                raise ValueError(f"{action} on {self.name}: the last stage starts from the loss; "
+                                 f"it takes no output gradient")
+        elif grad_output is None or tuple(grad_output.shape) != (num_tokens, self.stage.config.hidden):
+            got = None if grad_output is None else tuple(grad_output.shape)
+            raise ValueError(f"{action} on {self.name}: expected an output gradient of shape "
+                             f"({num_tokens}, {self.stage.config.hidden}), got {got}")
+        keys = sorted({(self.layout.fg_of[s], group) for s in slices})
+        grad_input = None
+        if not self.stage.has_embedding:
+            grad_input = torch.zeros((num_tokens, self.stage.config.hidden), device=self.device, dtype=self.dtype)
+        for wave in self.layout.waves(keys):
+            self._backward_cells([self._live.pop(key) for key in wave], grad_output, grad_input)
+        self._backwarded |= members
+        return grad_input
+
+    def _backward_cells(self, states: list[_CellState], grad_output: torch.Tensor | None,
+                        grad_input: torch.Tensor | None) -> None:
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        for state in states:
+            assert state.root is not None
+            roots.append(state.root)
+            grads.append(torch.ones_like(state.root))
+            if state.port is not None:
+                assert grad_output is not None
+                spec = state.spec
+                state.port.grad = (grad_output if spec.bg_identity
+                                   else grad_output[torch.tensor(spec.bg_rows, device=self.device)])
+            for k, v, k_leaf, v_leaf in state.kv:
+                for tensor, leaf in ((k, k_leaf), (v, v_leaf)):
+                    if leaf.grad is not None:
+                        roots.append(tensor)
+                        grads.append(leaf.grad)
+        torch.autograd.backward(roots, grads)
+        for state in states:
+            if grad_input is not None:
+                assert state.x_te is not None and state.x_te.grad is not None
+                if state.spec.bg_identity:
+                    grad_input.copy_(state.x_te.grad)
+                else:
+                    grad_input[torch.tensor(state.spec.bg_rows, device=self.device)] = state.x_te.grad
+            for sample_id, layer_index, piece in state.published:
+                layers = self._kv.get(sample_id)
+                if layers is not None:
+                    layers[layer_index] = [p for p in layers[layer_index] if p is not piece]
+            if self.tracker is not None:
+                for handle in state.handles:
+                    self.tracker.release(handle)

@@ -1,0 +1,165 @@
+"""Check a Plan's numerics: run it through the executors and through the reference, compare.
+
+The plan's samples keep their lengths (tokens are tokens); only the model is swapped for a small
+one (``tiny`` by default) so the check runs on a CPU. Tokens are random, drawn per sample from
+(seed, sample id). Every pipeline of the plan runs on the same parameters, so gradients add up over
+pipelines as data-parallel all-reduce would; the loss is normalised by the loss tokens of all of the
+plan's (non-deferred) samples. A pipeline with an explicit per-stage ``order`` runs in that order
+(which checks the order too); otherwise all forward groups, then all backward groups.
+
+Errors: the loss's relative difference, and per parameter max|g − g_ref| / max|g_ref| (relative to
+the largest reference entry, so entries near zero do not blow it up; floored at ``RELATIVE_FLOOR``
+of the largest gradient entry of the model, for parameters whose true gradient is zero).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from slimpack.config import ModelConfig, model_preset
+from slimpack.plan.types import Plan
+from slimpack.runtime.loss import count_loss_tokens
+from slimpack.runtime.model import build_model
+from slimpack.runtime.pipeline import (
+    build_executors,
+    default_actions,
+    run_in_order,
+    run_stage_orders,
+)
+from slimpack.runtime.reference import reference_loss
+
+DEFAULT_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+# A parameter's error is relative to its largest reference gradient entry, but never to less than
+# this fraction of the largest entry of any parameter: where a gradient is zero in exact arithmetic
+# (Q/K weights when no sample has more than two tokens), both sides are pure roundoff.
+RELATIVE_FLOOR = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class ParamError:
+    name: str
+    numel: int
+    max_abs_reference: float
+    max_abs_error: float
+    scale: float
+    """The denominator: max(max_abs_reference, RELATIVE_FLOOR x the largest over all parameters)."""
+
+    @property
+    def relative(self) -> float:
+        return self.max_abs_error / self.scale if self.scale > 0 else self.max_abs_error
+
+
+def gradient_errors(grads: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> list[ParamError]:
+    """Per parameter: max|g − g_ref| relative to max|g_ref| (floored, see ``RELATIVE_FLOOR``)."""
+    largest = {name: float(ref.abs().max()) if ref.numel() else 0.0 for name, ref in reference.items()}
+    floor = RELATIVE_FLOOR * max(largest.values(), default=0.0)
+    return [ParamError(name=name, numel=ref.numel(), max_abs_reference=largest[name],
+                       max_abs_error=float((grads[name] - ref).abs().max()) if ref.numel() else 0.0,
+                       scale=max(largest[name], floor))
+            for name, ref in reference.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    model: ModelConfig
+    dtype: str
+    loss: float
+    reference_loss: float
+    params: tuple[ParamError, ...]
+    num_samples: int
+    num_tokens: int
+    num_slices: int
+    num_pipelines: int
+    asymmetric_pipelines: int
+    ordered_pipelines: int
+    """Pipelines run in their plan's explicit per-stage order."""
+    peak_activation_bytes: tuple[tuple[int, ...], ...] = ()
+    """Per pipeline, per model chunk: peak bytes kept for backward (with ``track_memory``)."""
+
+    @property
+    def loss_error(self) -> float:
+        return abs(self.loss - self.reference_loss) / max(abs(self.reference_loss), 1e-300)
+
+    @property
+    def max_grad_error(self) -> float:
+        return max((p.relative for p in self.params), default=0.0)
+
+    def passed(self, tolerance: float) -> bool:
+        return self.loss_error <= tolerance and self.max_grad_error <= tolerance
+
+
+def random_tokens(lengths: Mapping[int, int], vocab_size: int, seed: int = 0,
+                  device: torch.device | str = "cpu") -> dict[int, torch.Tensor]:
+    """Token ids per sample, drawn from (seed, sample id): one sample's tokens do not depend on the
+    others'."""
+    return {sid: torch.from_numpy(np.random.default_rng([seed, sid]).integers(0, vocab_size, size=length))
+            .to(device=device, dtype=torch.long) for sid, length in lengths.items()}
+
+
+def numerics_model(model: ModelConfig | str, num_chunks: int) -> ModelConfig:
+    """The model to run: ``model`` with its layer count raised to a multiple of the plan's chunks."""
+    config = model_preset(model) if isinstance(model, str) else model
+    if config.num_layers % num_chunks:
+        layers = -(-config.num_layers // num_chunks) * num_chunks
+        config = dataclasses.replace(config, num_layers=layers)
+    return config
+
+
+def plan_lengths(plan: Plan) -> dict[int, int]:
+    """Lengths of the samples the plan's pipelines run (deferred samples excluded)."""
+    lengths = plan.sample_lengths()
+    used = {s.sample_id for pipe in plan.pipelines for group in pipe.forward for s in group}
+    missing = sorted(used - set(lengths))
+    if missing:
+        raise ValueError(f"the plan's groups use sample(s) {missing[:5]} that are not in its samples")
+    return {sid: lengths[sid] for sid in sorted(used)}
+
+
+def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.dtype = torch.float64,
+                seed: int = 0, backend: str = "auto", device: torch.device | str = "cpu",
+                use_order: bool = True, track_memory: bool = False) -> VerifyResult:
+    """Run ``plan`` through the executors and the reference on random tokens; compare."""
+    par = plan.config.parallel
+    num_chunks = par.pp * par.virtual_stages
+    config = numerics_model(model, num_chunks)
+    lengths = plan_lengths(plan)
+    tokens = random_tokens(lengths, config.vocab_size, seed, device)
+    num_loss = count_loss_tokens(lengths.values())
+    net = build_model(config, seed=seed, dtype=dtype, device=device)
+
+    net.zero_grad(set_to_none=True)
+    loss = torch.zeros((), dtype=dtype, device=device)
+    peaks = []
+    ordered = 0
+    for pipe in plan.pipelines:
+        executors = build_executors(net, pipe, num_chunks=num_chunks, sample_lengths=lengths, tokens=tokens,
+                                    num_loss_tokens=num_loss, backend=backend, track_memory=track_memory,
+                                    stages_per_pipeline=par.pp)
+        if use_order and pipe.order is not None:
+            loss = loss + run_stage_orders(executors, pipe.order)
+            ordered += 1
+        else:
+            loss = loss + run_in_order(executors, default_actions(pipe))
+        if track_memory:
+            peaks.append(tuple(e.tracker.peak_bytes for e in executors if e.tracker is not None))
+    grads = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+             for name, p in net.named_parameters()}
+
+    net.zero_grad(set_to_none=True)
+    ref = reference_loss(net, tokens, num_loss_tokens=num_loss)
+    errors = gradient_errors(grads, {name: p.grad if p.grad is not None else torch.zeros_like(p)
+                                     for name, p in net.named_parameters()})
+    net.zero_grad(set_to_none=True)
+    return VerifyResult(
+        model=config, dtype=str(dtype).removeprefix("torch."), loss=float(loss), reference_loss=float(ref),
+        params=tuple(errors), num_samples=len(lengths), num_tokens=sum(lengths.values()),
+        num_slices=sum(len(g) for pipe in plan.pipelines for g in pipe.forward),
+        num_pipelines=len(plan.pipelines), asymmetric_pipelines=sum(not p.symmetric for p in plan.pipelines),
+        ordered_pipelines=ordered, peak_activation_bytes=tuple(peaks))
