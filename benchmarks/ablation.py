@@ -22,12 +22,15 @@ from slimpack.data import load_dataset
 
 SWITCHES = ("use_slicing", "use_asymmetric", "use_cost_balance", "use_dp_merge", "use_milp",
             "use_tapering", "use_lookahead")
-SETTINGS = (
-    ("wikipedia", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective"),
-    ("wlbllm", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective"),
-    ("textbooks", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, cp=2, dp=4), "selective"),
-    ("wikipedia", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, cp=2, dp=4), "selective"),
-    ("cpython", "llama2-70b", 131072, ParallelConfig(tp=8, pp=8, cp=2, dp=2), "full"),
+MI = 2**20
+SETTINGS = (  # dataset, model, context, layout, recompute, global batch tokens
+    ("wikipedia", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective", 4 * MI),
+    ("wlbllm", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective", 4 * MI),
+    ("textbooks", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, cp=2, dp=4), "selective", 16 * MI),
+    ("wikipedia", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, cp=2, dp=4), "selective", 16 * MI),
+    # few tokens per replica next to 256K outliers: where DP-Merge has to act
+    ("wikipedia", "llama2-7b", 262144, ParallelConfig(tp=8, pp=4, dp=8), "selective", 4 * MI),
+    ("cpython", "llama2-70b", 131072, ParallelConfig(tp=8, pp=8, cp=2, dp=2), "full", 16 * MI),
 )
 
 
@@ -43,10 +46,9 @@ def main() -> int:
              f"Reproduce: `python {' '.join(sys.argv)}`", "",
              "| setting | full | " + " | ".join(f"no {s[4:].replace('_', ' ')}" for s in SWITCHES) + " |",
              "|---|---:|" + "---:|" * len(SWITCHES)]
-    for dataset, model, context, parallel, recompute in SETTINGS:
+    for dataset, model, context, parallel, recompute, batch in SETTINGS:
         config = build_config(model=model, parallel=parallel,
-                              train=TrainConfig(max_context=context, recompute=recompute,
-                                                global_batch_tokens=65536 * parallel.num_devices))
+                              train=TrainConfig(max_context=context, recompute=recompute, global_batch_tokens=batch))
         batches = step_batches(load_dataset(dataset), config, args.steps)
         began = time.perf_counter()
         cells = []
@@ -60,7 +62,8 @@ def main() -> int:
             else:
                 oom = " OOM" if metrics["oom_steps"] else ""
                 cells.append(f"{metrics['tokens_per_s'] / full['tokens_per_s']:.3f} ({metrics['efficiency']:.3f}){oom}")
-        setting = f"{dataset}, {model}, {context // 1024}K, {parallel.num_devices} GPUs (cp {parallel.cp})"
+        setting = (f"{dataset}, {model}, {context // 1024}K, {parallel.num_devices} GPUs (cp {parallel.cp}), "
+                   f"{batch // MI}M-token batches")
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
         print(lines[-1], f"({time.perf_counter() - began:.0f} s)", flush=True)
         Path(args.out).write_text("\n".join(lines) + "\n")
