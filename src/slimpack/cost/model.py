@@ -147,6 +147,11 @@ class CostModel:
         factor = flops.GEMM_BACKWARD_FACTOR if backward else 1.0
         return factor * gemm + logits
 
+    def head_cost_per_token(self, *, backward: bool) -> float:
+        """Seconds per token the LM head and loss add to the last chunk (their time is affine in
+        tokens), cp = layout cp: what balancing groups for the last stage adds to ``slice_cost``."""
+        return self._head_time(1.0, self.cp, backward) - self._head_time(0.0, self.cp, backward)
+
     def _embedding_time(self, total: float, cp: int) -> float:
         # a memory-bound gather (forward) or scatter-add (backward) of T·h elements
         size = total / cp * self.model.hidden * self.model.dtype_bytes

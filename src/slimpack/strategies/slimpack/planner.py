@@ -29,7 +29,7 @@ from slimpack.schedule.default import activation_cap_bytes
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
-from slimpack.strategies.slimpack.partition import CutRules, cut_into_groups
+from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
 
 GROUPS_PER_STAGE = (2, 4, 8, 16)
@@ -57,14 +57,21 @@ class Shape(NamedTuple):
     num_groups: int
     lookahead: int = 0
     taper: float = 1.0
+    head_weight: float = 0.0
+    """1.0 balances groups on the last stage's cost (layers + LM head + loss) instead of a middle
+    stage's: with a large vocabulary the last stage is the bottleneck and its per-token head work
+    makes token-heavy groups its slowest."""
 
     def weights(self, pp: int) -> list[float] | None:
         ends = pp - 1
         if self.taper == 1.0 or self.num_groups <= 2 * ends:
             return None
         return [self.taper] * ends + [1.0] * (self.num_groups - 2 * ends) + [self.taper] * ends
-SCORE_PIPELINES = 3
-"""Pipelines simulated per candidate (the heaviest ones); the chosen plan is simulated whole."""
+HEAVY_HEAD = 0.05
+"""Try balancing for the last stage when the LM head adds more than this to its per-token work."""
+SCORE_PIPELINES = 2
+"""The most loaded pipelines simulated per candidate (plus those with the most tokens and the
+longest sample, for memory)."""
 
 
 class SlimPackPlanner:
@@ -85,12 +92,26 @@ class SlimPackPlanner:
     def _backward_cost(self, tokens: float, prefix: float) -> float:
         return self.cost.slice_cost(tokens, prefix, backward=True)
 
+    def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
+        """(forward, backward) cost functions that groups are balanced on."""
+        if not head_weight:
+            return self._forward_cost, self._backward_cost
+        f_head = head_weight * self.cost.head_cost_per_token(backward=False)
+        b_head = head_weight * self.cost.head_cost_per_token(backward=True)
+        return (lambda c, p: self._forward_cost(c, p) + f_head * c,
+                lambda c, p: self._backward_cost(c, p) + b_head * c)
+
     def _ways_for_memory(self, length: int) -> int:
         """Fewest merged replicas whose context parallelism lets one pipeline hold a whole sliced
         sample's activations on stage 0 (all its forwards run before its first backward)."""
         assert self.cap is not None
         per_replica = self.cost.activation_bytes(length, virtual_stage=0)
         return max(1, -(-int(per_replica) // max(1, int(self.cap))))
+
+    def _head_is_heavy(self) -> bool:
+        """Whether the LM head adds more than 5% to the last stage's per-token work."""
+        per_token = self.cost.slice_cost(1.0, 0.0, backward=False)
+        return self.cost.head_cost_per_token(backward=False) > HEAVY_HEAD * per_token
 
     # ---- phase 2 --------------------------------------------------------------------------
     def _group_cost(self, group: Sequence[Slice], *, backward: bool) -> float:
@@ -121,11 +142,12 @@ class SlimPackPlanner:
         pieces = [Slice(s.id, 0, s.length) for s in members]
         pp = self.config.parallel.pp
         weights = shape.weights(pp)
-        forward = cut_into_groups(pieces, shape.num_groups, self._forward_cost, self.rules, weights=weights)
+        forward_cost, backward_cost = self._slice_costs(shape.head_weight)
+        forward = cut_into_groups(pieces, shape.num_groups, forward_cost, self.rules, weights=weights)
         if milp is not None:
             forward = self._refine(forward, backward=False, milp=milp)
         if self.config.planner.use_asymmetric:
-            fwd, bwd = asymmetric_groups(forward, self._backward_cost, self.rules,
+            fwd, bwd = asymmetric_groups(forward, backward_cost, self.rules,
                                          weights if len(forward) == shape.num_groups else None)
             if milp is not None:
                 bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
@@ -159,8 +181,14 @@ class SlimPackPlanner:
                 ) -> tuple[tuple[bool, float, float], Shape, int]:
         """Best (score, shape, candidates tried) for these bins: a coarse sweep of K, then K's
         neighbours, then look-aheads and tapering around the best, scored on the heaviest pipelines."""
+        # the most loaded pipelines decide the step time; the ones with the longest sample or the
+        # most tokens decide the peak memory
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
-        scored_bins = [bins[b] for b in sorted(heavy[:SCORE_PIPELINES])]
+        tokens_of = [sum(samples[i].length for i in b.items) / len(b.replicas) for b in bins]
+        longest = [max((samples[i].length for i in b.items), default=0) / len(b.replicas) for b in bins]
+        picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
+                  max(range(len(bins)), key=lambda b: (longest[b], -b))}
+        scored_bins = [bins[b] for b in sorted(picked)]
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
         tokens = max(sum(samples[i].length for i in b.items) for b in bins)
@@ -177,6 +205,8 @@ class SlimPackPlanner:
         knobs = self.config.planner
         best = evaluate({Shape(k, la, taper) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))
                          for taper in (TAPERS if knobs.use_tapering else (1.0,))})
+        if self._head_is_heavy():
+            best = evaluate({best, best._replace(head_weight=1.0)})
         return scores[best], best, len(scores)
 
     # ---- the step -------------------------------------------------------------------------
@@ -208,6 +238,7 @@ class SlimPackPlanner:
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         pipelines = tuple(self._pipeline(b, samples, shape, milp) for b in bins)
         info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead, "taper": shape.taper,
+                "head_weight": shape.head_weight,
                 "merge_share": share,
                 "merged_pipelines": num_merged, "candidates": tried,
                 "milp": _milp_summary(milp.results if milp else None), "planner_time_s": time.perf_counter() - began}
