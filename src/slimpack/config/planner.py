@@ -13,7 +13,7 @@ class PlannerConfig(ConfigBase):
     """Shortest slice SlimPack may cut (kernel efficiency); slice boundaries align to ``slice_align``."""
     slice_align: int = 128
     """Slice boundaries are multiples of this (the attention kernel's tile)."""
-    milp_time_limit_s: float = 0.5
+    milp_time_limit_s: float = 0.25
     """Wall-clock limit of the MILP refinement for a whole plan (shared by its solves); on time-out
     the best solution found so far, at worst the heuristic's, is kept."""
     use_slicing: bool = True

@@ -62,10 +62,12 @@ def layer_backward_flops(model: ModelConfig, tokens: int, prefix: int = 0, *, re
     return flops
 
 
-def model_training_flops(model: ModelConfig, length: int) -> float:
+def model_training_flops(model: ModelConfig, length):
     """Model FLOPs of one training pass (forward + backward, no recomputation) of a whole sample,
-    LM head included: the numerator of MFU. For large models this is ~6·N·D + attention."""
+    LM head included: the numerator of MFU. For large models this is ~6·N·D + attention.
+    ``length`` may be a numpy array of lengths (one value per sample)."""
+    pairs = length * (length + 1) / 2  # attention_pairs(length, 0), in float so arrays do not overflow
     layers = model.num_layers * (3.0 * linear_flops_per_token(model) * length
-                                 + 3.5 * attention_flops_per_pair(model) * attention_pairs(length, 0))
+                                 + 3.5 * attention_flops_per_pair(model) * pairs)
     head = 3.0 * lm_head_flops_per_token(model) * length
     return layers + head

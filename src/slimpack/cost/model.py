@@ -181,10 +181,20 @@ class CostModel:
     def slice_cost(self, tokens: float, prefix: float, *, backward: bool) -> float:
         """Additive part of one slice's time on a middle chunk (no embedding/head), cp = layout cp;
         ``tokens`` >= 1. Plain arithmetic, so it also accepts numpy arrays (see ``slice_costs``)."""
+        return self.slice_cost_function(backward=backward)(tokens, prefix)
+
+    def slice_cost_function(self, *, backward: bool, extra_per_token: float = 0.0):
+        """``slice_cost`` as a function of (tokens, prefix) with its coefficients bound, plus
+        ``extra_per_token`` seconds per token: planners call it hundreds of thousands of times."""
         per_token, per_pair = self._coefficients[backward]
-        local = tokens / self.cp
-        pairs = tokens * prefix + tokens * (tokens + 1.0) / 2.0
-        return per_token * tokens + per_pair * pairs * (local + self._attn_half) / local
+        per_token += extra_per_token
+        cp, half = self.cp, self._attn_half
+
+        def cost(tokens, prefix):
+            local = tokens / cp
+            return per_token * tokens + per_pair * (tokens * prefix + tokens * (tokens + 1.0) / 2.0) * (local + half) / local
+
+        return cost
 
     def slice_costs(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool) -> np.ndarray:
         """``slice_cost`` of each slice. ``group_constant(backward) + slice_costs(...).sum()`` equals

@@ -171,7 +171,7 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -
     deferred = set(plan.deferred)
     run_lengths = [length for sid, length in lengths.items() if sid not in deferred]
     num_tokens = sum(run_lengths)
-    model_flops = sum(model_training_flops(config.model, n) for n in run_lengths)
+    model_flops = float(np.sum(model_training_flops(config.model, np.asarray(run_lengths, dtype=np.float64))))
     memory = tuple(m for run in runs for m in run.memory(cost))
     peak = tuple(max((m.peak_bytes for m in memory if m.stage == d), default=0.0) for d in range(par.pp))
     capacity = config.cluster.usable_memory_bytes

@@ -86,20 +86,11 @@ class SlimPackPlanner:
         self.cap = activation_cap_bytes(config, self.cost)
 
     # ---- costs ----------------------------------------------------------------------------
-    def _forward_cost(self, tokens: float, prefix: float) -> float:
-        return self.cost.slice_cost(tokens, prefix, backward=False)
-
-    def _backward_cost(self, tokens: float, prefix: float) -> float:
-        return self.cost.slice_cost(tokens, prefix, backward=True)
-
     def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
         """(forward, backward) cost functions that groups are balanced on."""
-        if not head_weight:
-            return self._forward_cost, self._backward_cost
-        f_head = head_weight * self.cost.head_cost_per_token(backward=False)
-        b_head = head_weight * self.cost.head_cost_per_token(backward=True)
-        return (lambda c, p: self._forward_cost(c, p) + f_head * c,
-                lambda c, p: self._backward_cost(c, p) + b_head * c)
+        return tuple(self.cost.slice_cost_function(  # type: ignore[return-value]
+            backward=b, extra_per_token=head_weight * self.cost.head_cost_per_token(backward=b))
+            for b in (False, True))
 
     def _ways_for_memory(self, length: int) -> int:
         """Fewest merged replicas whose context parallelism lets one pipeline hold a whole sliced
@@ -215,7 +206,8 @@ class SlimPackPlanner:
         samples = list(batch)
         par = self.config.parallel
         knobs = self.config.planner
-        costs = [self._forward_cost(s.length, 0) + self._backward_cost(s.length, 0) for s in samples]
+        forward_cost, backward_cost = self._slice_costs(0.0)
+        costs = [forward_cost(s.length, 0) + backward_cost(s.length, 0) for s in samples]
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         min_ways = [self._ways_for_memory(s.length) if knobs.use_dp_merge else 1 for s in samples]
         best = None
