@@ -15,6 +15,8 @@ from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice
 
 class Planner(Protocol):
     name: str
+    """The ``--strategy`` name. A planner whose plans depend on earlier steps (samples it held
+    back) also sets a class attribute ``stateful = True``."""
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         """Plan one step. ``batch`` holds the step's new samples (ids unique across the run)."""

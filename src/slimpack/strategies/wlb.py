@@ -83,6 +83,8 @@ def sequence_shards(lengths: Sequence[int], cp: int) -> list[tuple[list[int], li
 
 class WLBPlanner:
     name = "wlb"
+    stateful = True
+    """Its outlier queues carry samples from step to step: planning step I alone replays 0..I-1."""
 
     def __init__(self, config: Config, *, s_max: int | None = None,
                  outlier_lengths: Sequence[int] | None = None,
