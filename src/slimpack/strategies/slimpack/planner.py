@@ -123,8 +123,25 @@ class SlimPackPlanner:
 
     def _pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
                   milp: MilpBudget | None = None) -> PipelinePlan:
-        """The pipeline's groups and order; with ``milp`` (a list collecting solver results) the
-        heuristic groups are refined by the MILP."""
+        """The pipeline's groups and order. With ``milp``, the MILP refines the heuristic's groups
+        and the refinement is kept only if it does not make the pipeline's simulated step slower
+        (the MILP balances group costs; the simulator also sees what that does to the schedule)."""
+        heuristic = self._build(bin_, samples, shape)
+        if milp is None or not heuristic.forward:
+            return heuristic
+        if time.perf_counter() >= milp.deadline:
+            milp.results.append(MilpResult([], "out of time", 0.0, 0.0))
+            return heuristic
+        refined = self._build(bin_, samples, shape, milp)
+        if refined == heuristic:
+            return heuristic
+        if self._simulate([(bin_, refined)], samples)[1] < self._simulate([(bin_, heuristic)], samples)[1]:
+            return refined
+        milp.results.append(MilpResult([], "rejected by simulation", 0.0, 0.0))
+        return heuristic
+
+    def _build(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
+               milp: MilpBudget | None = None) -> PipelinePlan:
         members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
         cp = self.config.parallel.cp * len(bin_.replicas)
         if not members:  # more replicas than samples: this one only joins the gradient all-reduce
@@ -154,19 +171,23 @@ class SlimPackPlanner:
                             formations=formations(fwd))  # type: ignore[arg-type]
 
     # ---- scoring --------------------------------------------------------------------------
-    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> tuple[bool, float, float]:
-        """(fits, step time, peak memory) of the sub-plan made of ``bins``' pipelines alone."""
-        width = sum(len(b.replicas) for b in bins)
+    def _simulate(self, pipelines: Sequence[tuple[Bin, PipelinePlan]], samples: Sequence[Sample]
+                  ) -> tuple[bool, float, float]:
+        """(fits, step time, peak memory) of a sub-plan made of these pipelines alone."""
+        width = sum(len(b.replicas) for b, _ in pipelines)
         config = dataclasses.replace(self.config, parallel=dataclasses.replace(self.config.parallel, dp=width))
-        pipelines, next_replica = [], 0
-        for b in bins:
-            renumbered = Bin(tuple(range(next_replica, next_replica + len(b.replicas))), b.items, b.load)
+        renumbered, next_replica = [], 0
+        for b, pipe in pipelines:
+            renumbered.append(dataclasses.replace(pipe, replicas=tuple(range(next_replica, next_replica + len(b.replicas)))))
             next_replica += len(b.replicas)
-            pipelines.append(self._pipeline(renumbered, samples, shape))
-        members = [samples[i] for b in bins for i in b.items]
+        members = [samples[i] for b, _ in pipelines for i in b.items]
         result = simulate(Plan(config=config, strategy=self.name, samples=tuple(members),
-                               pipelines=tuple(pipelines)), CostModel(config), check=False)
+                               pipelines=tuple(renumbered)), CostModel(config), check=False)
         return not result.oom, result.step_time_s, max(result.peak_memory_bytes)
+
+    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> tuple[bool, float, float]:
+        """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``."""
+        return self._simulate([(b, self._build(b, samples, shape)) for b in bins], samples)
 
     def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]
                 ) -> tuple[tuple[bool, float, float], Shape, int]:
