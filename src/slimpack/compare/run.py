@@ -74,6 +74,7 @@ class StrategyRun:
             "tokens_per_s": tokens / sum(times) if times else 0.0,
             "step_time_mean_s": statistics.fmean(times) if times else None,
             "step_time_p95_s": _percentile(times, 95) if times else None,
+            "ideal_time_mean_s": statistics.fmean(r.ideal_time_s for r in results) if results else None,
             "efficiency": statistics.fmean(r.efficiency for r in results) if results else None,
             "bubble_fraction": statistics.fmean(r.bubble_fraction for r in results) if results else None,
             "mfu": statistics.fmean(r.mfu for r in results) if results else None,
