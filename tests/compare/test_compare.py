@@ -3,7 +3,7 @@ import json
 import pytest
 
 from slimpack.compare import compare
-from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
 from slimpack.strategies.fixed import FixedPlanner
@@ -76,3 +76,16 @@ def test_bad_flags_give_one_line_and_exit_2(cli, capsys, argv, message):
     assert cli(["compare", *SMALL, "--steps", "1", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+def test_slimpack_beats_every_baseline_on_a_long_tailed_batch():
+    # one 4M-token wlbllm batch at 128K on 64 simulated H100s (the demo's layout): a quality
+    # regression check, deterministic (the MILP is off so no wall-clock limit can change the plan)
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, dp=2),
+                          train=TrainConfig(max_context=131072, global_batch_tokens=4 << 20),
+                          planner=PlannerConfig(use_milp=False))
+    rows = {r["strategy"]: r for r in compare(config, load_dataset("wlbllm"), list(STRATEGIES), 1).table()}
+    ours = rows.pop("slimpack")
+    assert ours["efficiency"] > 0.9
+    for name, row in rows.items():
+        assert ours["tokens_per_s"] > 1.1 * row["tokens_per_s"], name
