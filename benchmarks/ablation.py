@@ -4,7 +4,7 @@ same batches, written to docs/ablation.md.
     python benchmarks/ablation.py [--steps 2]
 
 Variants: slicing, asymmetric backward groups, DP-aware (cost-balanced) phase 1, DP-Merge, the MILP
-refinement, and the two beyond-the-paper knobs (tapering, look-ahead). Settings: long-tailed
+refinement, and the beyond-the-paper look-ahead. Settings: long-tailed
 datasets at 128K and 256K context on Llama-2-7B (64 and 256 H100s) and Llama-2-70B.
 """
 
@@ -21,7 +21,7 @@ from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
 
 SWITCHES = ("use_slicing", "use_asymmetric", "use_cost_balance", "use_dp_merge", "use_milp",
-            "use_tapering", "use_lookahead")
+            "use_lookahead")
 MI = 2**20
 SETTINGS = (  # dataset, model, context, layout, recompute, global batch tokens
     ("wikipedia", "llama2-7b", 131072, ParallelConfig(tp=8, pp=4, dp=2), "selective", 4 * MI),

@@ -56,7 +56,6 @@ PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
                     ("dp-merge", "use_dp_merge", "merge replicas into a CP group for outliers"),
                     ("milp", "use_milp", "refine the heuristic with the HiGHS MILP"),
                     ("cost-balance", "use_cost_balance", "balance replicas on cost (use tokens)"),
-                    ("tapering", "use_tapering", "try smaller groups at the pipeline's ends"),
                     ("lookahead", "use_lookahead", "try running forwards ahead of 1F1B"))
 
 

@@ -27,8 +27,6 @@ class PlannerConfig(ConfigBase):
     use_cost_balance: bool = True
     """Ablation switch: phase 1 balances replicas on forward+backward cost (off: on tokens, as
     token-count packers do)."""
-    use_tapering: bool = True
-    """Ablation switch (beyond the paper): try smaller groups at the pipeline's ends."""
     use_lookahead: bool = True
     """Ablation switch (beyond the paper): try letting stages run forwards ahead of 1F1B."""
 

@@ -48,13 +48,12 @@ def _canonical(group: Sequence[Slice]) -> Group:
     return tuple(sorted(group, key=lambda s: (order[s.sample_id], s.start)))
 
 
-def asymmetric_groups(forward: list[list[Slice]], backward_cost: SliceCost, rules: CutRules,
-                      weights: Sequence[float] | None = None) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
-    """As many backward groups as forward groups, balanced on backward cost (in proportion to
-    ``weights`` when given) over the same slices, cut further where the backward balance needs it;
-    the forward groups get the same extra boundaries."""
-    backward = cut_into_groups(backward_sequence(forward), len(forward), backward_cost, rules, from_end=True,
-                               weights=weights)
+def asymmetric_groups(forward: list[list[Slice]], backward_cost: SliceCost, rules: CutRules
+                      ) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """As many backward groups as forward groups, balanced on backward cost over the same slices,
+    cut further where the backward balance needs it; the forward groups get the same extra
+    boundaries."""
+    backward = cut_into_groups(backward_sequence(forward), len(forward), backward_cost, rules, from_end=True)
     cuts: dict[int, set[int]] = {}
     for group in backward:
         for s in group:

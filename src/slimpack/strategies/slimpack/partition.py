@@ -59,24 +59,22 @@ def best_cut(piece: Slice, need: float, cost: SliceCost, rules: CutRules, *, fro
 
 
 def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
-                    from_end: bool = False, weights: Sequence[float] | None = None) -> list[list[Slice]]:
-    """Cut ``pieces`` (in order) into at most ``num_groups`` non-empty groups of equal cost, or of
-    cost proportional to ``weights`` when given. With ``from_end`` a piece that is cut gives its
-    later tokens to the current group (backward consumes a sample's tokens from the end). Fewer
+                    from_end: bool = False) -> list[list[Slice]]:
+    """Cut ``pieces`` (in order) into at most ``num_groups`` non-empty groups of equal cost. With
+    ``from_end`` a piece that is cut gives its later tokens to the current group (backward consumes a sample's tokens from the end). Fewer
     groups come back only when there are too few pieces to fill them.
 
     Cutting a piece makes its parts cost a little more than the whole (small slices run less
     efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
     pass with the first pass's actual total removes that drift."""
     assert num_groups >= 1
-    first = _cut(pieces, num_groups, cost, rules, from_end, weights, None)
+    first = _cut(pieces, num_groups, cost, rules, from_end, None)
     actual = sum(cost(s.end - s.start, s.start) for group in first for s in group)
-    return _cut(pieces, num_groups, cost, rules, from_end, weights, actual)
+    return _cut(pieces, num_groups, cost, rules, from_end, actual)
 
 
 def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, from_end: bool,
-         weights: Sequence[float] | None, total: float | None) -> list[list[Slice]]:
-    weights = list(weights) if weights is not None else [1.0] * num_groups
+         total: float | None) -> list[list[Slice]]:
     queue = list(pieces)
     queue.reverse()  # pop() from the end = next piece in order
     # what the groups still to form should cost together (estimated from whole pieces in pass 1)
@@ -88,7 +86,7 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
         if g == num_groups - 1:
             groups.append(queue[::-1])
             break
-        budget = remaining * weights[g] / sum(weights[g:])
+        budget = remaining / (num_groups - g)
         group: list[Slice] = []
         filled = 0.0
         while queue:

@@ -38,9 +38,11 @@ MERGE_SHARES = (None, 1.0, 0.5)
 """DP-Merge thresholds tried: an outlier costing more than this share of a replica's work merges."""
 LOOKAHEADS = (0, 2)
 """Extra forwards a stage may run ahead of 1F1B (memory permitting)."""
-TAPERS = (1.0, 0.5)
-"""Relative size of the first and last pp-1 groups (1.0 = no tapering). Smaller groups at the
-pipeline's ends shrink its fill and drain bubbles (beyond the paper; kept where simulation says so)."""
+HEAVY_HEAD = 0.05
+"""Try balancing for the last stage when the LM head adds more than this to its per-token work."""
+SCORE_PIPELINES = 2
+"""The most loaded pipelines simulated per candidate (plus those with the most tokens and the
+longest sample, for memory)."""
 
 
 @dataclass(slots=True)
@@ -56,22 +58,10 @@ class Shape(NamedTuple):
 
     num_groups: int
     lookahead: int = 0
-    taper: float = 1.0
     head_weight: float = 0.0
     """1.0 balances groups on the last stage's cost (layers + LM head + loss) instead of a middle
     stage's: with a large vocabulary the last stage is the bottleneck and its per-token head work
     makes token-heavy groups its slowest."""
-
-    def weights(self, pp: int) -> list[float] | None:
-        ends = pp - 1
-        if self.taper == 1.0 or self.num_groups <= 2 * ends:
-            return None
-        return [self.taper] * ends + [1.0] * (self.num_groups - 2 * ends) + [self.taper] * ends
-HEAVY_HEAD = 0.05
-"""Try balancing for the last stage when the LM head adds more than this to its per-token work."""
-SCORE_PIPELINES = 2
-"""The most loaded pipelines simulated per candidate (plus those with the most tokens and the
-longest sample, for memory)."""
 
 
 class SlimPackPlanner:
@@ -149,14 +139,12 @@ class SlimPackPlanner:
                                 order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
         pp = self.config.parallel.pp
-        weights = shape.weights(pp)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
-        forward = cut_into_groups(pieces, shape.num_groups, forward_cost, self.rules, weights=weights)
+        forward = cut_into_groups(pieces, shape.num_groups, forward_cost, self.rules)
         if milp is not None:
             forward = self._refine(forward, backward=False, milp=milp)
         if self.config.planner.use_asymmetric:
-            fwd, bwd = asymmetric_groups(forward, backward_cost, self.rules,
-                                         weights if len(forward) == shape.num_groups else None)
+            fwd, bwd = asymmetric_groups(forward, backward_cost, self.rules)
             if milp is not None:
                 bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
         else:
@@ -192,7 +180,8 @@ class SlimPackPlanner:
     def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]
                 ) -> tuple[tuple[bool, float, float], Shape, int]:
         """Best (score, shape, candidates tried) for these bins: a coarse sweep of K, then K's
-        neighbours, then look-aheads and tapering around the best, scored on the heaviest pipelines."""
+        neighbours, then the look-aheads (and the last-stage balance) at the best, scored on the
+        pipelines that decide step time and memory."""
         # the most loaded pipelines decide the step time; the ones with the longest sample or the
         # most tokens decide the peak memory
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
@@ -215,8 +204,7 @@ class SlimPackPlanner:
         k = evaluate({Shape(min(limit, m * pp)) for m in GROUPS_PER_STAGE}).num_groups
         k = evaluate({Shape(max(1, round(k * f))) for f in (0.7, 1.0, 1.4)}).num_groups
         knobs = self.config.planner
-        best = evaluate({Shape(k, la, taper) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))
-                         for taper in (TAPERS if knobs.use_tapering else (1.0,))})
+        best = evaluate({Shape(k, la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
         return scores[best], best, len(scores)
@@ -250,7 +238,7 @@ class SlimPackPlanner:
         _, bins, shape, share, num_merged = best
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         pipelines = tuple(self._pipeline(b, samples, shape, milp) for b in bins)
-        info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead, "taper": shape.taper,
+        info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead,
                 "head_weight": shape.head_weight,
                 "merge_share": share,
                 "merged_pipelines": num_merged, "candidates": tried,
