@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "validate": "slimpack.cli.validate",
     "simulate": "slimpack.cli.simulate",
     "verify": "slimpack.cli.verify",
+    "train": "slimpack.cli.train",
 }
 
 EXIT_INVALID_PLAN = 1
