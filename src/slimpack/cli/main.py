@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "simulate": "slimpack.cli.simulate",
     "verify": "slimpack.cli.verify",
     "train": "slimpack.cli.train",
+    "calibrate": "slimpack.cli.calibrate",
 }
 
 EXIT_INVALID_PLAN = 1
