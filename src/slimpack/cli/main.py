@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "verify": "slimpack.cli.verify",
     "train": "slimpack.cli.train",
     "calibrate": "slimpack.cli.calibrate",
+    "fidelity": "slimpack.cli.fidelity",
 }
 
 EXIT_INVALID_PLAN = 1
