@@ -10,6 +10,26 @@ import torch
 from slimpack.plan.types import Plan
 
 
+def _unsliced_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """Every sample alone, unsliced, plain torch ops (``runtime.reference``)."""
+    from slimpack.config import model_preset
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.reference import reference_loss
+    from slimpack.runtime.verify import plan_lengths, random_tokens
+
+    config = model_preset("tiny")
+    net = build_model(config, seed=seed, dtype=torch.float64)
+    loss = reference_loss(net, random_tokens(plan_lengths(plan), config.vocab_size, seed))
+    return float(loss), {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                         for n, p in net.named_parameters()}
+
+
+def _errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    largest = max(float(g.abs().max()) for g in ref.values())
+    return {n: float((g - ref[n]).abs().max()) / max(float(ref[n].abs().max()), 1e-3 * largest)
+            for n, g in grads.items()}
+
+
 def _reference_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
     from slimpack.config import model_preset
     from slimpack.runtime.loss import count_loss_tokens
@@ -51,12 +71,11 @@ def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
     runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel),
                           virtual_stages=plan.config.parallel.virtual_stages, backend="cpu", timeout_s=60)
     result = runtime.step(plan, tokens, optimizer_step=False)
+    grads = {names[id(p)]: p.grad for p in runtime.parameters}
     ref_loss, ref = _reference_grads(plan, seed)
-    largest = max(float(g.abs().max()) for g in ref.values())
-    errors = {names[id(p)]: float((p.grad - ref[names[id(p)]]).abs().max())
-              / max(float(ref[names[id(p)]].abs().max()), 1e-3 * largest)
-              for p in runtime.parameters}
-    return {"loss": result.loss, "ref_loss": ref_loss, "errors": errors, "stage": runtime.stage,
+    unsliced_loss, unsliced = _unsliced_grads(plan, seed)
+    return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, ref),
+            "unsliced_loss": unsliced_loss, "unsliced_errors": _errors(grads, unsliced), "stage": runtime.stage,
             "replica": runtime.replica, "actions": sum(s.kind in "FB" for s in result.spans)}
 
 

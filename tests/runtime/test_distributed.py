@@ -50,7 +50,8 @@ def _check(results: list[dict]) -> float:
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-12 * abs(r["ref_loss"])
         assert r["actions"] > 0
-        worst = max(worst, *r["errors"].values())
+        assert abs(r["loss"] - r["unsliced_loss"]) <= 1e-12 * abs(r["unsliced_loss"])
+        worst = max(worst, *r["errors"].values(), *r["unsliced_errors"].values())
     assert worst < 1e-10, worst
     return worst
 
