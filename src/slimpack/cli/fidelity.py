@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads per process (use what calibrate used; default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per plan (default 600)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--rescale", action="store_true",
+                        help="re-measure the peak FLOP/s before each plan and scale the prediction by "
+                             "calibrated / current peak (for machines whose speed drifts with other jobs' load)")
     add_config_arguments(parser)
     add_planner_arguments(parser)
 
@@ -74,6 +77,15 @@ def run(args: argparse.Namespace) -> int:
         plan = planner.plan(batch, step=args.step)
         cost = CostModel(plan.config)
         sim = simulate(plan, cost)
+        scale = 1.0
+        if args.rescale:
+            import torch
+
+            from slimpack.runtime.calibrate import peak_flops
+
+            torch.set_num_threads(args.threads)
+            dtype = {4: torch.float32, 8: torch.float64, 2: torch.bfloat16}[plan.config.model.dtype_bytes]
+            scale = config.cluster.peak_flops / peak_flops(dtype)
         try:
             per_rank = spawn(measure_rank, par.pp * par.dp, (plan, args.repeats, args.threads),
                              timeout_s=args.timeout, threads=args.threads)
@@ -82,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
         measured_mem = measured_activation_peaks(per_rank, par.pp)
         predicted_mem = predicted_activation_peaks(sim, cost, par.pp)
         row = {"strategy": name, "tokens": sim.num_tokens, "groups": sum(len(p.forward) for p in plan.pipelines),
-               "predicted_step_s": sim.step_time_s, "measured_step_s": measured_step_time(per_rank),
+               "predicted_step_s": sim.step_time_s * scale, "speed_scale": scale, "measured_step_s": measured_step_time(per_rank),
                "predicted_activation_bytes": max(predicted_mem), "measured_activation_bytes": max(measured_mem)}
         rows.append(row)
         if not args.json:
+            note = f" (x{scale:.3f} for the machine's current speed)" if args.rescale else ""
             print(f"{name:10s} {row['tokens']:6d} tokens {row['groups']:3d} groups  step: predicted "
-                  f"{row['predicted_step_s']:.3f} s, measured {row['measured_step_s']:.3f} s "
+                  f"{row['predicted_step_s']:.3f} s{note}, measured {row['measured_step_s']:.3f} s "
                   f"({_ape(row['predicted_step_s'], row['measured_step_s']):+.1%})  activations: predicted "
                   f"{row['predicted_activation_bytes'] / 2**20:.2f} MiB, measured "
                   f"{row['measured_activation_bytes'] / 2**20:.2f} MiB "

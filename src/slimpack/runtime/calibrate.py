@@ -1,7 +1,8 @@
 """Time the runtime's own ops on this machine and turn them into ``TimingRecord``s for the fit in
 ``slimpack.cost.calibrate`` (which must not import torch; this module does the measuring).
 
-What is timed (forward, with autograd recording, as the executor runs it; median of repeats):
+What is timed (forward, with autograd recording, as the executor runs it; fastest of repeats, since
+on a shared machine other jobs only add time):
 - ``gemm``: a layer's row-wise part over T tokens (norms, Q/K/V and output projections, RoPE, MLP):
   ``Block.attention_inputs`` + ``Block.finish`` with a precomputed attention output;
 - ``attention``: ``varlen_attention`` of one slice of c tokens after a prefix of p tokens;
@@ -12,7 +13,6 @@ What is timed (forward, with autograd recording, as the executor runs it; median
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,7 +26,8 @@ from slimpack.runtime.ops import rope_tables
 
 
 def time_call(fn: Callable[[], object], *, repeats: int = 5, min_time_s: float = 0.02) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` timed batches (each long enough to time)."""
+    """Seconds of ``fn()``: the fastest of ``repeats`` timed batches (each long enough to time). The
+    minimum, not the median: on a shared machine other jobs only ever add time."""
     fn()  # warm-up
     began = time.perf_counter()
     fn()
@@ -38,7 +39,7 @@ def time_call(fn: Callable[[], object], *, repeats: int = 5, min_time_s: float =
         for _ in range(inner):
             fn()
         samples.append((time.perf_counter() - began) / inner)
-    return statistics.median(samples)
+    return min(samples)
 
 
 def peak_flops(dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 5) -> float:
@@ -118,3 +119,34 @@ def collect_records(model: ModelConfig, *, dtype: torch.dtype = torch.float32,
             records.append(TimingRecord(op="layer", tokens=(tokens,), prefix=(0,),
                                         time_s=time_call(layer, repeats=repeats)))
     return records
+
+
+def stage_timings(model: ModelConfig, groups: Sequence[Sequence[int]], *, dtype: torch.dtype = torch.float32,
+                  repeats: int = 3) -> list[float]:
+    """Seconds of forward + backward of each group (sample lengths, one whole sample per slice) through
+    the whole model as one stage with the ``StageExecutor``: the runtime's end-to-end cost, overheads
+    included (fastest of ``repeats`` after a warm-up)."""
+    from slimpack.plan.types import Slice
+    from slimpack.runtime.executor import StageExecutor
+    from slimpack.runtime.loss import count_loss_tokens
+    from slimpack.runtime.model import build_model
+
+    net = build_model(model, seed=0, dtype=dtype)
+    (stage,) = net.split(1)
+    out = []
+    for lengths in groups:
+        group = tuple(Slice(i, 0, n) for i, n in enumerate(lengths))
+        tokens = {i: torch.randint(0, model.vocab_size, (n,)) for i, n in enumerate(lengths)}
+
+        def run(group=group, tokens=tokens, lengths=lengths) -> None:
+            executor = StageExecutor(stage, (group,), (group,), sample_lengths=dict(enumerate(lengths)),
+                                     tokens=tokens, num_loss_tokens=count_loss_tokens(lengths))
+            executor.forward(0)
+            executor.backward(0)
+
+        run()
+        samples = []
+        for _ in range(repeats):
+            samples.append(_timed(run))
+        out.append(min(samples))
+    return out

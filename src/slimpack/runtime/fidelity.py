@@ -4,13 +4,12 @@
 timed steps (no optimizer step, so every repeat does the same work), then one more step with the
 ``ActivationTracker`` on (hooks cost time, so memory is never measured in a timed step). A step's
 measured time is the end of the last rank's optimizer span, from the step barrier; the figure is
-the median over repeats. ``predicted_activation_peaks`` gives the simulator's per-stage peak of
+the fastest repeat. ``predicted_activation_peaks`` gives the simulator's per-stage peak of
 bytes kept for backward (what ``ActivationTracker`` counts: no model states, no working set).
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import torch
@@ -42,9 +41,10 @@ def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: 
 
 
 def measured_step_time(per_rank: list[dict[str, Any]]) -> float:
-    """Median over repeats of the slowest rank's step."""
+    """The fastest repeat of the slowest rank's step (other jobs on a shared machine only add time;
+    calibration takes the fastest repeat too)."""
     repeats = len(per_rank[0]["times_s"])
-    return statistics.median(max(r["times_s"][i] for r in per_rank) for i in range(repeats))
+    return min(max(r["times_s"][i] for r in per_rank) for i in range(repeats))
 
 
 def measured_activation_peaks(per_rank: list[dict[str, Any]], pp: int) -> list[float]:
