@@ -11,8 +11,8 @@ Every rank of the mesh (``runtime.mesh``) builds the executors of its model chun
   handshake is needed. Sends are ``isend`` (a stage goes on computing while its output travels);
   the sent tensor is dropped as soon as the send completes. Receives block: the action cannot
   run without its input. Each transfer has a tag naming (pipeline, kind, group, chunk), so gloo
-  matches them whatever the order (NCCL ignores tags and matches by order; the plan's valid orders
-  send and receive each direction in the same group order for the built-in schedules).
+  matches them whatever the order. (NCCL ignores tags and matches by order: there, a stage must
+  receive in the order its neighbour sends; this path has not been run on GPUs.)
 - After the last action, gradients are summed over each stage's replicas (``all_reduce`` on the
   stage's DP group). The loss is normalised by the loss tokens of the whole global batch, so the
   sum equals the single-process gradient of ``verify`` exactly (up to summation order).
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from slimpack.plan.types import Action, Plan
+from slimpack.plan.types import Action, PipelinePlan, Plan
 from slimpack.runtime.executor import StageExecutor
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.memory import ActivationTracker
@@ -211,11 +211,8 @@ class RankRuntime:
     def _tag(self, pipeline: int, kind: str, group: int, sender_chunk: int, num_groups: int) -> int:
         return ((pipeline * 2 + (kind == "B")) * num_groups + group) * self.num_chunks + sender_chunk
 
-    def _run_pipeline(self, index: int, pipe: object, executors: Mapping[int, StageExecutor],
+    def _run_pipeline(self, index: int, pipe: PipelinePlan, executors: Mapping[int, StageExecutor],
                       order: tuple[Action, ...], num_groups: int, began: float, result: StepResult) -> torch.Tensor:
-        from slimpack.plan.types import PipelinePlan
-
-        assert isinstance(pipe, PipelinePlan)
         last = self.num_chunks - 1
         pending: list[tuple[dist.Work, torch.Tensor]] = []
         local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-over between chunks of this rank
@@ -259,7 +256,7 @@ class RankRuntime:
                 out = executor.forward(action.group, x)
                 del x
                 if v == last:
-                    loss += out.sum().double().cpu() / max(num_loss_tokens(executor), 1)
+                    loss += out.sum().double().cpu() / max(executor.num_loss_tokens, 1)
                 else:
                     send("F", action.group, v, v + 1, out)
                 tokens = forward_tokens[action.group]
@@ -298,10 +295,6 @@ class RankRuntime:
                 n = p.numel()
                 p.grad.copy_(flat[at:at + n].view_as(p))
                 at += n
-
-
-def num_loss_tokens(executor: StageExecutor) -> int:
-    return executor.num_loss_tokens
 
 
 def shutdown() -> None:
