@@ -89,3 +89,32 @@ def early_exit(rank: int, world_size: int, plan: Plan) -> dict:
     except Exception as exc:  # noqa: BLE001 - the message is what the test checks
         return {"error": f"{type(exc).__name__}: {exc}", "elapsed": time.monotonic() - began}
     return {"error": None, "elapsed": time.monotonic() - began}
+
+
+def hanging_rank(rank: int, world_size: int, plan: Plan) -> dict:
+    """Rank 1 hangs (sleeps) instead of joining the step; rank 0 (timeout 5 s) must fail, naming it."""
+    if rank == 1:
+        time.sleep(12)
+        return {"error": None, "elapsed": 0.0}
+    from slimpack.config import model_preset
+    from slimpack.runtime.distributed import RankRuntime
+    from slimpack.runtime.mesh import Mesh
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.verify import plan_lengths, random_tokens
+
+    net = build_model(model_preset("tiny"), seed=0, dtype=torch.float64)
+    began = time.monotonic()
+    try:
+        runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel), timeout_s=5)
+        runtime.step(plan, random_tokens(plan_lengths(plan), 256, 0), optimizer_step=False)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}", "elapsed": time.monotonic() - began}
+    return {"error": None, "elapsed": time.monotonic() - began}
+
+
+def watchdog_fires(rank: int, world_size: int) -> None:
+    """Work that outlives its watchdog ends the process (exit 3) with a message."""
+    from slimpack.runtime.distributed import Watchdog
+
+    with Watchdog(1.0, "the test's work"):
+        time.sleep(30)

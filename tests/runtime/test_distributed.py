@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from dist_workers import early_exit, gradient_check
+from dist_workers import early_exit, gradient_check, hanging_rank, watchdog_fires
 
 from helpers import config
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
@@ -96,3 +96,16 @@ def test_dead_rank_fails_the_others_quickly():
     survivor = info.value.results[0]
     assert survivor is not None and survivor["elapsed"] < 30
     assert survivor["error"].startswith("PeerFailure: rank 0:"), survivor["error"]
+
+
+def test_hanging_rank_is_named_within_the_timeout():
+    rank0, _ = spawn(hanging_rank, 2, (_slimpack_plan(2, 1),), timeout_s=60, pg_timeout_s=30)
+    assert rank0["error"] is not None and rank0["elapsed"] < 20
+    assert rank0["error"].startswith("PeerFailure: rank 0:") and "1 failed to pass monitoredBarrier" in rank0["error"], rank0["error"]
+
+
+def test_watchdog_ends_a_stuck_process():
+    began = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 0: exited with code 3"):
+        spawn(watchdog_fires, 1, timeout_s=20)
+    assert time.monotonic() - began < 15

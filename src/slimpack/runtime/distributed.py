@@ -156,7 +156,9 @@ class RankRuntime:
     def step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool = False,
              optimizer_step: bool = True) -> StepResult:
         """Run the plan's pipelines that this rank takes part in, reduce gradients, step."""
-        with Watchdog(self.timeout_s, f"step {plan.step}"):
+        # the barrier reports a missing rank within timeout_s; the watchdog is the backstop for the
+        # step as a whole (a peer that hangs mid-step), so it leaves the barrier time to report first
+        with Watchdog(2 * self.timeout_s + 5, f"step {plan.step}"):
             check_peers(self.timeout_s)
             return self._step(plan, tokens, track_memory=track_memory, optimizer_step=optimizer_step)
 
