@@ -73,6 +73,17 @@ def test_slimpack_plan_gradients_match_one_process(pp, dp):
     _check(results)
 
 
+def test_interleaved_virtual_stages():
+    """pp 2 x 2 virtual stages: each rank runs chunks s and s + 2; chunk 1 -> 2 crosses back to rank 0."""
+    cfg = config(pp=2, dp=1, vpp=2, model="tiny", max_context=256, global_batch_tokens=1024)
+    lengths = (200, 180, 220, 150, 60, 70, 33, 48)
+    plan = make_planner("fixed", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(lengths)], step=0)
+    assert len(plan.pipelines[0].forward) == 4
+    results = spawn(gradient_check, 2, (plan, 0), timeout_s=120)
+    assert [r["actions"] for r in results] == [16, 16]
+    _check(results)
+
+
 def test_asymmetric_groups_over_two_stages():
     results = spawn(gradient_check, 2, (_asymmetric_plan(), 1), timeout_s=120)
     _check(results)
