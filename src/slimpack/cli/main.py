@@ -20,6 +20,9 @@ COMMANDS: dict[str, str] = {
     "validate": "slimpack.cli.validate",
     "simulate": "slimpack.cli.simulate",
     "verify": "slimpack.cli.verify",
+    "train": "slimpack.cli.train",
+    "calibrate": "slimpack.cli.calibrate",
+    "fidelity": "slimpack.cli.fidelity",
 }
 
 EXIT_INVALID_PLAN = 1

@@ -10,6 +10,7 @@ Must not import torch.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,10 @@ def _name(span: Span) -> str:
     return CATEGORY[span.kind]
 
 
-def _metadata(result: SimResult) -> list[dict[str, Any]]:
+def _metadata(spans: Sequence[Span]) -> list[dict[str, Any]]:
     """Process and thread names, sorted so that pipeline 0 stage 0 comes first."""
     events: list[dict[str, Any]] = []
-    devices = sorted({(span.pipeline, span.stage) for span in result.spans})
+    devices = sorted({(span.pipeline, span.stage) for span in spans})
     for pipeline in sorted({p for p, _ in devices}):
         events.append({"ph": "M", "pid": pipeline, "name": "process_name", "args": {"name": f"pipeline {pipeline}"}})
         events.append({"ph": "M", "pid": pipeline, "name": "process_sort_index", "args": {"sort_index": pipeline}})
@@ -42,16 +43,27 @@ def _metadata(result: SimResult) -> list[dict[str, Any]]:
     return events
 
 
-def chrome_trace(result: SimResult) -> dict[str, Any]:
-    """The trace as a JSON-ready dict (``{"traceEvents": [...], ...}``)."""
-    events = _metadata(result)
-    for span in result.spans:
+def _span_events(spans: Sequence[Span]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for span in spans:
         event: dict[str, Any] = {
             "ph": "X", "name": _name(span), "cat": CATEGORY[span.kind], "pid": span.pipeline,
             "tid": span.stage, "ts": span.start_s * US_PER_S, "dur": (span.end_s - span.start_s) * US_PER_S}
         if span.kind in ("F", "B"):
             event["args"] = {"group": span.group, "chunk": span.chunk, "tokens": span.tokens}
         events.append(event)
+    return events
+
+
+def spans_trace(spans: Sequence[Span], other: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A trace of measured spans (the runtime's real run) with the same events as a simulated one."""
+    return {"traceEvents": _metadata(spans) + _span_events(spans), "displayTimeUnit": "ms",
+            "otherData": other or {}}
+
+
+def chrome_trace(result: SimResult) -> dict[str, Any]:
+    """The trace as a JSON-ready dict (``{"traceEvents": [...], ...}``)."""
+    events = _metadata(result.spans) + _span_events(result.spans)
     for memory in result.memory:
         # counters belong to a process; the stage in the name gives each device its own track
         name = f"memory stage {memory.stage}"

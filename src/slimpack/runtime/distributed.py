@@ -1,0 +1,304 @@
+"""The pipeline executor over ``torch.distributed``: each rank runs its stage of the plan.
+
+Every rank of the mesh (``runtime.mesh``) builds the executors of its model chunks (chunk v = c x pp
++ stage, c < virtual stages) for each pipeline its replica runs, then walks its stage's action list
+(``pipeline.order[stage]``, or ``schedule.default_order`` exactly as the simulator uses it):
+
+- ``F g`` on a chunk > 0 receives the group's activation (forward-group tokens x hidden) from the
+  previous stage; a chunk < last sends its output to the next stage. ``B g`` on a chunk < last
+  receives the output gradient (backward-group tokens x hidden) from the next stage; a chunk > 0
+  sends its input gradient back. Shapes come from the plan and dtype from the model, so no shape
+  handshake is needed. Sends are ``isend`` (a stage goes on computing while its output travels);
+  the sent tensor is dropped as soon as the send completes. Receives block: the action cannot
+  run without its input. Each transfer has a tag naming (pipeline, kind, group, chunk), so gloo
+  matches them whatever the order. (NCCL ignores tags and matches by order: there, a stage must
+  receive in the order its neighbour sends; this path has not been run on GPUs.)
+- After the last action, gradients are summed over each stage's replicas (``all_reduce`` on the
+  stage's DP group). The loss is normalised by the loss tokens of the whole global batch, so the
+  sum equals the single-process gradient of ``verify`` exactly (up to summation order).
+- The optimizer (any ``torch.optim`` optimizer over the rank's parameters) then steps.
+
+Failure handling: ``init`` sets the process-group timeout; each step starts with a
+``monitored_barrier`` (gloo names the rank that did not arrive) and runs under a ``Watchdog`` that
+ends the process with a one-line message if the step outlives the timeout, so a dead or hanging
+rank never leaves the others waiting forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from slimpack.plan.types import Action, PipelinePlan, Plan
+from slimpack.runtime.executor import StageExecutor
+from slimpack.runtime.loss import count_loss_tokens
+from slimpack.runtime.memory import ActivationTracker
+from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
+from slimpack.runtime.model import ModelStage, Transformer
+from slimpack.sim.result import Span
+
+DEFAULT_TIMEOUT_S = 300.0
+EXIT_PEER_FAILURE = 3
+
+
+class PeerFailure(RuntimeError):
+    """Another rank died, hung, or failed: this rank cannot finish the step."""
+
+
+def init(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """``init_process_group`` from the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT),
+    gloo on CPU and NCCL with CUDA unless ``backend`` says otherwise."""
+    if dist.is_initialized():
+        return
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+class Watchdog:
+    """Ends the process with a clear message when the code under it outlives ``timeout_s``.
+
+    A collective or a receive from a dead peer usually raises on its own (gloo: "connection closed"),
+    but a peer that hangs without dying makes a blocking receive wait for the process-group timeout
+    or, for some transports, forever. This is the backstop.
+    """
+
+    def __init__(self, timeout_s: float, what: str) -> None:
+        self.timeout_s, self.what = timeout_s, what
+        self._timer: threading.Timer | None = None
+
+    def _fire(self) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else "?"
+        print(f"slimpack: rank {rank}: {self.what} did not finish within {self.timeout_s:.0f} s; another rank "
+              f"has probably died or hangs. Aborting.", file=sys.stderr, flush=True)
+        os._exit(EXIT_PEER_FAILURE)
+
+    def __enter__(self) -> Watchdog:
+        self._timer = threading.Timer(self.timeout_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._timer is not None
+        self._timer.cancel()
+
+
+def check_peers(timeout_s: float) -> None:
+    """A monitored barrier (gloo): raises ``PeerFailure`` naming the missing rank(s)."""
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+        else:
+            dist.barrier()
+    except RuntimeError as exc:
+        raise PeerFailure(f"rank {dist.get_rank()}: a peer rank did not reach the step barrier within "
+                          f"{timeout_s:.0f} s: {str(exc).splitlines()[0]}") from exc
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """The global batch's loss (summed over every pipeline, identical on every rank)."""
+    spans: list[Span] = field(default_factory=list)
+    """This rank's actions, gradient sync and optimizer step, in seconds from the step's start."""
+    peak_activation_bytes: int = 0
+    """With ``track_memory``: the peak over this rank's chunks of bytes kept for backward."""
+    wait_s: float = 0.0
+    """Time spent blocked in receives."""
+
+
+class RankRuntime:
+    """One rank's part of the runtime: its chunks of ``model``, its groups, its optimizer.
+
+    ``model`` is the whole model, built identically on every rank (same seed); the rank keeps
+    references to its chunks only, so the others' parameters are never touched or reduced.
+    """
+
+    def __init__(self, model: Transformer, mesh: Mesh, *, virtual_stages: int = 1,
+                 groups: ProcessGroups | None = None, backend: str = "auto",
+                 optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.mesh = mesh
+        self.rank = dist.get_rank()
+        self.replica, self.stage = mesh.coords(self.rank)
+        self.groups = groups or build_process_groups(mesh)
+        self.num_chunks = mesh.pp * virtual_stages
+        chunks = model.split(self.num_chunks)
+        self.chunk_ids = [c * mesh.pp + self.stage for c in range(virtual_stages)]
+        self.chunks: dict[int, ModelStage] = {v: chunks[v] for v in self.chunk_ids}
+        seen: set[int] = set()
+        self.parameters: list[torch.nn.Parameter] = []
+        for v in self.chunk_ids:
+            for p in self.chunks[v].parameters():
+                if id(p) not in seen:  # tied embeddings appear on the first and the last chunk
+                    seen.add(id(p))
+                    self.parameters.append(p)
+        param = self.parameters[0]
+        self.device, self.dtype = param.device, param.dtype
+        self.hidden = model.config.hidden
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.optimizer = optimizer(self.parameters) if optimizer is not None else None
+        if model.config.tie_embeddings and self.num_chunks > 1:
+            # the embedding would live on the first and the last chunk and need one more reduction
+            raise NotImplementedError("tied embeddings over several stages are not supported by the "
+                                      "distributed runtime")
+
+    # ---- one step -------------------------------------------------------------------------------
+    def step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool = False,
+             optimizer_step: bool = True) -> StepResult:
+        """Run the plan's pipelines that this rank takes part in, reduce gradients, step."""
+        # the barrier reports a missing rank within timeout_s; the watchdog is the backstop for the
+        # step as a whole (a peer that hangs mid-step), so it leaves the barrier time to report first
+        with Watchdog(2 * self.timeout_s + 5, f"step {plan.step}"):
+            check_peers(self.timeout_s)
+            return self._step(plan, tokens, track_memory=track_memory, optimizer_step=optimizer_step)
+
+    def _step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool,
+              optimizer_step: bool) -> StepResult:
+        from slimpack.cost import CostModel
+        from slimpack.schedule.default import default_order
+
+        self.mesh.check_plan(plan)
+        if plan.config.parallel.virtual_stages * self.mesh.pp != self.num_chunks:
+            raise ValueError(f"the plan has {plan.config.parallel.virtual_stages} virtual stages, this runtime "
+                             f"was built for {self.num_chunks // self.mesh.pp}")
+        deferred = set(plan.deferred)
+        lengths = {s.id: s.length for s in plan.samples if s.id not in deferred}
+        num_loss = count_loss_tokens(lengths.values())
+        for p in self.parameters:
+            p.grad = None
+        began = time.perf_counter()
+        result = StepResult(loss=0.0)
+        loss = torch.zeros((), dtype=torch.float64)
+        cost = CostModel(plan.config)
+        num_groups = max((max(len(p.forward), len(p.backward)) for p in plan.pipelines), default=1)
+        peaks = []
+        for index in self.mesh.pipelines_of(plan, self.rank):
+            pipe = plan.pipelines[index]
+            used = {s.sample_id for g in pipe.forward for s in g}
+            executors = {v: StageExecutor(
+                self.chunks[v], pipe.forward, pipe.backward,
+                sample_lengths={sid: lengths[sid] for sid in used},
+                tokens={sid: tokens[sid] for sid in used} if (v == 0 or v == self.num_chunks - 1) else None,
+                num_loss_tokens=num_loss, backend=self.backend, name=f"pipeline {index} stage {self.stage}",
+                tracker=ActivationTracker(exclude=self.parameters) if track_memory else None)
+                for v in self.chunk_ids}
+            order = default_order(pipe, plan.config, cost, where=f"pipelines[{index}]")[self.stage]
+            loss += self._run_pipeline(index, pipe, executors, order, num_groups, began, result)
+            peaks += [e.tracker.peak_bytes for e in executors.values() if e.tracker is not None]
+        result.peak_activation_bytes = max(peaks, default=0)
+        compute_end = time.perf_counter()
+        self._reduce_gradients()
+        loss_t = loss.to(self.device)
+        dist.all_reduce(loss_t)  # only last-stage ranks hold a loss; the sum is the global loss
+        result.loss = float(loss_t)
+        sync_end = time.perf_counter()
+        result.spans.append(Span(self.replica, self.stage, "sync", -1, 0, compute_end - began, sync_end - began, 0))
+        if optimizer_step and self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        end = time.perf_counter()
+        result.spans.append(Span(self.replica, self.stage, "optim", -1, 0, sync_end - began, end - began, 0))
+        return result
+
+    def _tag(self, pipeline: int, kind: str, group: int, sender_chunk: int, num_groups: int) -> int:
+        return ((pipeline * 2 + (kind == "B")) * num_groups + group) * self.num_chunks + sender_chunk
+
+    def _run_pipeline(self, index: int, pipe: PipelinePlan, executors: Mapping[int, StageExecutor],
+                      order: tuple[Action, ...], num_groups: int, began: float, result: StepResult) -> torch.Tensor:
+        last = self.num_chunks - 1
+        pending: list[tuple[dist.Work, torch.Tensor]] = []
+        local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-over between chunks of this rank
+        loss = torch.zeros((), dtype=torch.float64)
+        forward_tokens = [sum(s.end - s.start for s in g) for g in pipe.forward]
+        backward_tokens = [sum(s.end - s.start for s in g) for g in pipe.backward]
+
+        def receive(kind: str, group: int, sender: int, rows: int) -> torch.Tensor:
+            key = (kind, group, sender)
+            if key in local:
+                return local.pop(key)
+            src = self.mesh.rank(self.replica, sender % self.mesh.pp)
+            buffer = torch.empty((rows, self.hidden), dtype=self.dtype, device=self.device)
+            waited = time.perf_counter()
+            try:
+                dist.recv(buffer, src=src, tag=self._tag(index, kind, group, sender, num_groups))
+            except RuntimeError as exc:
+                raise PeerFailure(f"rank {self.rank}: receiving {kind}{group} from rank {src} failed "
+                                  f"(that rank died or timed out): {str(exc).splitlines()[0]}") from exc
+            result.wait_s += time.perf_counter() - waited
+            return buffer
+
+        def send(kind: str, group: int, sender: int, receiver: int, tensor: torch.Tensor) -> None:
+            dst = self.mesh.rank(self.replica, receiver % self.mesh.pp)
+            if dst == self.rank:
+                local[(kind, group, sender)] = tensor
+                return
+            pending.append((dist.isend(tensor.contiguous(), dst=dst,
+                                       tag=self._tag(index, kind, group, sender, num_groups)), tensor))
+
+        def reap() -> None:  # drop sent tensors whose transfer has completed
+            pending[:] = [(w, t) for w, t in pending if not w.is_completed()]
+
+        for action in order:
+            v = action.chunk * self.mesh.pp + self.stage
+            executor = executors[v]
+            start = time.perf_counter()
+            if action.kind == "F":
+                x = None if v == 0 else receive("F", action.group, v - 1, forward_tokens[action.group])
+                start = time.perf_counter()
+                out = executor.forward(action.group, x)
+                del x
+                if v == last:
+                    loss += out.sum().double().cpu() / max(executor.num_loss_tokens, 1)
+                else:
+                    send("F", action.group, v, v + 1, out)
+                tokens = forward_tokens[action.group]
+            else:
+                grad = None if v == last else receive("B", action.group, v + 1, backward_tokens[action.group])
+                start = time.perf_counter()
+                grad_in = executor.backward(action.group, grad)
+                del grad
+                if v > 0:
+                    assert grad_in is not None
+                    send("B", action.group, v, v - 1, grad_in)
+                tokens = backward_tokens[action.group]
+            end = time.perf_counter()
+            result.spans.append(Span(index, self.stage, action.kind, action.group, action.chunk,
+                                     start - began, end - began, tokens))
+            reap()
+        for work, _ in pending:
+            work.wait()
+        pending.clear()
+        for executor in executors.values():
+            if not executor.finished:
+                raise RuntimeError(f"{executor.name}: the order leaves slices without backward, e.g. "
+                                   f"{tuple(executor.unfinished()[0])}")
+        return loss
+
+    def _reduce_gradients(self) -> None:
+        """Sum each parameter's gradient over the stage's replicas, as one flat tensor."""
+        for p in self.parameters:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.groups.stage_group is not None:
+            flat = torch.cat([p.grad.reshape(-1) for p in self.parameters])
+            dist.all_reduce(flat, group=self.groups.stage_group)
+            at = 0
+            for p in self.parameters:
+                n = p.numel()
+                p.grad.copy_(flat[at:at + n].view_as(p))
+                at += n
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,120 @@
+"""Functions the distributed tests run on each spawned rank (module level, so spawn can import them)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from slimpack.plan.types import Plan
+
+
+def _unsliced_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
+    """Every sample alone, unsliced, plain torch ops (``runtime.reference``)."""
+    from slimpack.config import model_preset
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.reference import reference_loss
+    from slimpack.runtime.verify import plan_lengths, random_tokens
+
+    config = model_preset("tiny")
+    net = build_model(config, seed=seed, dtype=torch.float64)
+    loss = reference_loss(net, random_tokens(plan_lengths(plan), config.vocab_size, seed))
+    return float(loss), {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                         for n, p in net.named_parameters()}
+
+
+def _errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    largest = max(float(g.abs().max()) for g in ref.values())
+    return {n: float((g - ref[n]).abs().max()) / max(float(ref[n].abs().max()), 1e-3 * largest)
+            for n, g in grads.items()}
+
+
+def _reference_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
+    from slimpack.config import model_preset
+    from slimpack.runtime.loss import count_loss_tokens
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.pipeline import build_executors, default_actions, run_in_order
+    from slimpack.runtime.verify import (
+        plan_lengths,
+        random_tokens,
+        verify_plan,  # noqa: F401 - same helpers as verify
+    )
+
+    config = model_preset("tiny")
+    lengths = plan_lengths(plan)
+    tokens = random_tokens(lengths, config.vocab_size, seed)
+    net = build_model(config, seed=seed, dtype=torch.float64)
+    loss = torch.zeros((), dtype=torch.float64)
+    par = plan.config.parallel
+    for pipe in plan.pipelines:
+        executors = build_executors(net, pipe, num_chunks=par.pp * par.virtual_stages, sample_lengths=lengths,
+                                    tokens=tokens, num_loss_tokens=count_loss_tokens(lengths.values()),
+                                    backend="cpu", stages_per_pipeline=par.pp)
+        loss = loss + run_in_order(executors, default_actions(pipe))
+    return float(loss), {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                         for n, p in net.named_parameters()}
+
+
+def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
+    """Run one step of ``plan`` distributed; compare loss and this rank's gradients with one process."""
+    from slimpack.config import model_preset
+    from slimpack.runtime.distributed import RankRuntime
+    from slimpack.runtime.mesh import Mesh
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.verify import plan_lengths, random_tokens
+
+    config = model_preset("tiny")
+    net = build_model(config, seed=seed, dtype=torch.float64)
+    names = {id(p): n for n, p in net.named_parameters()}
+    tokens = random_tokens(plan_lengths(plan), config.vocab_size, seed)
+    runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel),
+                          virtual_stages=plan.config.parallel.virtual_stages, backend="cpu", timeout_s=60)
+    result = runtime.step(plan, tokens, optimizer_step=False)
+    grads = {names[id(p)]: p.grad for p in runtime.parameters}
+    ref_loss, ref = _reference_grads(plan, seed)
+    unsliced_loss, unsliced = _unsliced_grads(plan, seed)
+    return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, ref),
+            "unsliced_loss": unsliced_loss, "unsliced_errors": _errors(grads, unsliced), "stage": runtime.stage,
+            "replica": runtime.replica, "actions": sum(s.kind in "FB" for s in result.spans)}
+
+
+def early_exit(rank: int, world_size: int, plan: Plan) -> dict:
+    """Rank 1 dies before the step; the others must fail with a clear message, not hang."""
+    if rank == 1:
+        os._exit(7)
+    began = time.monotonic()
+    try:
+        gradient_check(rank, world_size, plan, 0)
+    except Exception as exc:  # noqa: BLE001 - the message is what the test checks
+        return {"error": f"{type(exc).__name__}: {exc}", "elapsed": time.monotonic() - began}
+    return {"error": None, "elapsed": time.monotonic() - began}
+
+
+def hanging_rank(rank: int, world_size: int, plan: Plan) -> dict:
+    """Rank 1 hangs (sleeps) instead of joining the step; rank 0 (timeout 5 s) must fail, naming it."""
+    if rank == 1:
+        time.sleep(12)
+        return {"error": None, "elapsed": 0.0}
+    from slimpack.config import model_preset
+    from slimpack.runtime.distributed import RankRuntime
+    from slimpack.runtime.mesh import Mesh
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.verify import plan_lengths, random_tokens
+
+    net = build_model(model_preset("tiny"), seed=0, dtype=torch.float64)
+    began = time.monotonic()
+    try:
+        runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel), timeout_s=5)
+        runtime.step(plan, random_tokens(plan_lengths(plan), 256, 0), optimizer_step=False)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}", "elapsed": time.monotonic() - began}
+    return {"error": None, "elapsed": time.monotonic() - began}
+
+
+def watchdog_fires(rank: int, world_size: int) -> None:
+    """Work that outlives its watchdog ends the process (exit 3) with a message."""
+    from slimpack.runtime.distributed import Watchdog
+
+    with Watchdog(1.0, "the test's work"):
+        time.sleep(30)

@@ -1,0 +1,122 @@
+"""The pipeline over torch.distributed (2 gloo processes, tiny model, float64): loss and every
+parameter gradient equal the single-process run of the same plan; a dead rank fails the others fast."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dist_workers import early_exit, gradient_check, hanging_rank, watchdog_fires
+
+from helpers import config
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
+from slimpack.runtime.launch import LaunchError, spawn
+from slimpack.runtime.mesh import Mesh
+from slimpack.strategies import make_planner
+
+pytestmark = pytest.mark.distributed
+
+LENGTHS = (90, 40, 130, 25, 60, 70, 33, 48)
+
+
+def _slimpack_plan(pp: int, dp: int) -> Plan:
+    cfg = config(pp=pp, dp=dp, model="tiny", max_context=256, global_batch_tokens=512)
+    batch = [Sample(id=i, length=n) for i, n in enumerate(LENGTHS)]
+    return make_planner("slimpack", cfg).plan(batch, step=0)
+
+
+def _merged_plan() -> Plan:
+    """dp 2, pp 1: SlimPack merges both replicas into one CP pipeline for this batch (DP-Merge)."""
+    cfg = config(pp=1, dp=2, model="llama2-7b", max_context=2048, global_batch_tokens=4096)
+    lengths = (1500, 100, 150, 80, 60, 120, 90, 40, 200, 70, 30, 50)
+    plan = make_planner("slimpack", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(lengths)], step=0)
+    assert [p.replicas for p in plan.pipelines] == [(0, 1)]
+    return plan
+
+
+def _asymmetric_plan() -> Plan:
+    """pp 2, dp 1: sample 0 in three slices, forward and backward grouped differently."""
+    s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
+    forward = ((s[0],), (s[1], s[3]), (s[2], s[4]))
+    backward = ((s[4],), (s[2], s[1]), (s[3], s[0]))
+    pipe = PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=backward)
+    samples = (Sample(id=0, length=100), Sample(id=1, length=30), Sample(id=2, length=50))
+    return Plan(config=config(pp=2, dp=1, model="tiny", max_context=256), strategy="hand", samples=samples,
+                pipelines=(pipe,))
+
+
+def _check(results: list[dict]) -> float:
+    worst = 0.0
+    for r in results:
+        assert abs(r["loss"] - r["ref_loss"]) <= 1e-12 * abs(r["ref_loss"])
+        assert r["actions"] > 0
+        assert abs(r["loss"] - r["unsliced_loss"]) <= 1e-12 * abs(r["unsliced_loss"])
+        worst = max(worst, *r["errors"].values(), *r["unsliced_errors"].values())
+    assert worst < 1e-10, worst
+    return worst
+
+
+def test_mesh_layout():
+    mesh = Mesh(dp=2, pp=3)
+    assert [mesh.coords(r) for r in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert mesh.stage_ranks(1) == (1, 4)
+    assert (mesh.next_rank(2), mesh.prev_rank(3)) == (0, 5)
+    merged = PipelinePlan(replicas=(1, 0), cp=2, forward=(), backward=())
+    assert mesh.executing_replica(merged) == 1
+
+
+@pytest.mark.parametrize("pp,dp", [(2, 1), (1, 2)])
+def test_slimpack_plan_gradients_match_one_process(pp, dp):
+    plan = _slimpack_plan(pp, dp)
+    results = spawn(gradient_check, 2, (plan, 0), timeout_s=120)
+    assert {(r["replica"], r["stage"]) for r in results} == {Mesh(dp=dp, pp=pp).coords(r) for r in range(2)}
+    _check(results)
+
+
+def test_interleaved_virtual_stages():
+    """pp 2 x 2 virtual stages: each rank runs chunks s and s + 2; chunk 1 -> 2 crosses back to rank 0."""
+    cfg = config(pp=2, dp=1, vpp=2, model="tiny", max_context=256, global_batch_tokens=1024)
+    lengths = (200, 180, 220, 150, 60, 70, 33, 48)
+    plan = make_planner("fixed", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(lengths)], step=0)
+    assert len(plan.pipelines[0].forward) == 4
+    results = spawn(gradient_check, 2, (plan, 0), timeout_s=120)
+    assert [r["actions"] for r in results] == [16, 16]
+    _check(results)
+
+
+def test_asymmetric_groups_over_two_stages():
+    results = spawn(gradient_check, 2, (_asymmetric_plan(), 1), timeout_s=120)
+    _check(results)
+
+
+def test_merged_pipeline_runs_on_its_first_replica():
+    results = spawn(gradient_check, 2, (_merged_plan(), 2), timeout_s=120)
+    assert sorted(r["actions"] for r in results) == [0, 2]  # replica 1 is idle for the merged pipeline
+    worst = max(e for r in results for e in r["errors"].values())
+    assert worst < 1e-10 and all(abs(r["loss"] - r["ref_loss"]) <= 1e-12 * r["ref_loss"] for r in results)
+
+
+def test_dead_rank_fails_the_others_quickly():
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        spawn(early_exit, 2, (_slimpack_plan(2, 1),), timeout_s=60, pg_timeout_s=20)
+    elapsed = time.monotonic() - began
+    assert elapsed < 45
+    text = str(info.value)
+    assert "rank 1: exited with code 7" in text
+    survivor = info.value.results[0]
+    assert survivor is not None and survivor["elapsed"] < 30
+    assert survivor["error"].startswith("PeerFailure: rank 0:"), survivor["error"]
+
+
+def test_hanging_rank_is_named_within_the_timeout():
+    rank0, _ = spawn(hanging_rank, 2, (_slimpack_plan(2, 1),), timeout_s=60, pg_timeout_s=30)
+    assert rank0["error"] is not None and rank0["elapsed"] < 20
+    assert rank0["error"].startswith("PeerFailure: rank 0:") and "1 failed to pass monitoredBarrier" in rank0["error"], rank0["error"]
+
+
+def test_watchdog_ends_a_stuck_process():
+    began = time.monotonic()
+    with pytest.raises(LaunchError, match="rank 0: exited with code 3"):
+        spawn(watchdog_fires, 1, timeout_s=20)
+    assert time.monotonic() - began < 15
