@@ -74,6 +74,7 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self.cap = activation_cap_bytes(config, self.cost)
+        self._built: dict[tuple, PipelinePlan] = {}
 
     # ---- costs ----------------------------------------------------------------------------
     def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
@@ -132,6 +133,18 @@ class SlimPackPlanner:
 
     def _build(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
                milp: MilpBudget | None = None) -> PipelinePlan:
+        """The heuristic pipeline (memoised within a step: scoring builds the winning shape's
+        heaviest pipelines first), or its MILP refinement."""
+        key = (bin_.replicas, bin_.items, shape)
+        if milp is None and key in self._built:
+            return self._built[key]
+        pipeline = self._construct(bin_, samples, shape, milp)
+        if milp is None:
+            self._built[key] = pipeline
+        return pipeline
+
+    def _construct(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
+                   milp: MilpBudget | None) -> PipelinePlan:
         members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
         cp = self.config.parallel.cp * len(bin_.replicas)
         if not members:  # more replicas than samples: this one only joins the gradient all-reduce
@@ -212,6 +225,7 @@ class SlimPackPlanner:
     # ---- the step -------------------------------------------------------------------------
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
+        self._built.clear()  # keys hold indices into this step's batch
         samples = list(batch)
         par = self.config.parallel
         knobs = self.config.planner
