@@ -93,7 +93,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", default="docs/RESULTS.md")
     parser.add_argument("--json", default="docs/results.json")
+    parser.add_argument("--from-json", action="store_true",
+                        help="rewrite --out from the cells already in --json (no planning)")
     args = parser.parse_args()
+    if args.from_json:
+        cells = json.loads(Path(args.json).read_text())
+        write(cells, args, "benchmarks/matrix.py --steps 2")
+        return 0
     cells = []
     grid = [(d, m, c, s) for d in args.datasets.split(",") for m in args.models.split(",")
             for c in args.contexts.split(",") for s in args.sizes.split(",")]
@@ -103,6 +109,34 @@ def main() -> int:
         print(f"[{k}/{len(grid)}] {summary_row(cell)} ({cell['seconds']:.0f} s)", flush=True)
         write(cells, args, " ".join(sys.argv))
     return 0
+
+
+def overview(cells: list[dict]) -> str:
+    """Per context: SlimPack's efficiency, its speed-up over fixed, over WLB-LLM and over the best
+    baseline that fits in memory (min / median / max over the cells)."""
+    lines = ["| context | cells | SlimPack efficiency | vs fixed | vs wlb | vs best baseline | cells where SlimPack >= all |",
+             "|---|---:|---|---|---|---|---:|"]
+
+    def spread(values: list[float], spec: str) -> str:
+        ordered = sorted(values)
+        return f"{format(ordered[0], spec)} / {format(ordered[len(ordered) // 2], spec)} / {format(ordered[-1], spec)}"
+
+    for context in sorted({c["context"] for c in cells}):
+        group = [c for c in cells if c["context"] == context]
+        eff, fixed, wlb, best, wins = [], [], [], [], 0
+        for c in group:
+            rows = {r["strategy"]: r for r in c["rows"]}
+            ours = rows["slimpack"]
+            fits = [r for n, r in rows.items() if n != "slimpack" and r["efficiency"] is not None and not r["oom_steps"]]
+            top = max(r["tokens_per_s"] for r in fits)
+            eff.append(ours["efficiency"])
+            fixed.append(ours["speedup_vs_fixed"])
+            wlb.append(ours["tokens_per_s"] / rows["wlb"]["tokens_per_s"])
+            best.append(ours["tokens_per_s"] / top)
+            wins += ours["tokens_per_s"] >= top and not ours["oom_steps"]
+        lines.append(f"| {context // 1024}K | {len(group)} | {spread(eff, '.3f')} | {spread(fixed, '.2f')} | "
+                     f"{spread(wlb, '.2f')} | {spread(best, '.3f')} | {wins} |")
+    return "Min / median / max over the cells of each context length:\n\n" + "\n".join(lines)
 
 
 def write(cells: list[dict], args: argparse.Namespace, command: str) -> None:
@@ -119,6 +153,7 @@ def write(cells: list[dict], args: argparse.Namespace, command: str) -> None:
         "the same tokens (and train a different objective); the others keep every document whole or, "
         "like SlimPack, slice it without losing attention.\n\n"
         f"Reproduce: `python {command}` (planning ran on one core of: {cpu.split(':')[-1].strip() or platform.processor()}).\n\n"
+        "## Overview\n\n" + overview(cells) + "\n\n"
         "## Summary: SlimPack against the best baseline that fits in memory\n\n"
         "`its work` = the best baseline's compute for the same tokens relative to SlimPack's (below 1: it "
         "computes less, by cutting documents).\n\n"
