@@ -107,6 +107,9 @@ def _table(rows: list[dict], config, dataset: str, steps: int) -> Table:
         table.add_column(name, justify=justify)
     best = max((r["tokens_per_s"] for r in rows), default=0)
     for r in rows:
+        if r["efficiency"] is None:
+            table.add_row(r["strategy"], "failed", *[""] * 9, style="red")
+            continue
         style = "bold green" if r["tokens_per_s"] == best and best > 0 else ""
         table.add_row(
             r["strategy"], f"{r['tokens_per_s']:,.0f}", _fmt(r["step_time_mean_s"], ".2f") + " s",

@@ -141,7 +141,14 @@ MAX_DRAIN_STEPS = 8
 
 def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
                  on_step: Callable[[], None] = lambda: None) -> StrategyRun:
-    planner = make_planner(name, config)
+    try:
+        planner = make_planner(name, config)
+    except UserError as exc:  # this strategy cannot run this setting: every step fails, others go on
+        records = tuple(StepRecord(step=step, error=str(exc), planner_time_s=0.0, result=None,
+                                   scheduled_tokens=0, delayed_token_steps=0) for step in range(len(batches)))
+        for _ in batches:
+            on_step()
+        return StrategyRun(name=name, steps=records, plans=(None,) * len(batches))
     records: list[StepRecord] = []
     plans: list[Plan | None] = []
     steps = [list(b) for b in batches]

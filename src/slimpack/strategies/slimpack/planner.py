@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
+from slimpack.errors import UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
 from slimpack.schedule.builders import backward_needs, dependency_aware
 from slimpack.schedule.default import activation_cap_bytes
@@ -68,6 +69,9 @@ class SlimPackPlanner:
     name = "slimpack"
 
     def __init__(self, config: Config) -> None:
+        if config.parallel.virtual_stages > 1:
+            raise UserError("slimpack: its dependency-aware schedule runs one model chunk per stage; "
+                            f"interleaving (virtual_stages = {config.parallel.virtual_stages}) is not supported")
         self.config = config
         self.cost = CostModel(config)
         knobs = config.planner
