@@ -71,6 +71,7 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
     (["--dataset", "no-such-data"], "no-such-data"),
     (["--pp", "3"], "not divisible by pp"),
     (["--max-context", "8M"], "max_context"),
+    (["--model", "llama2-70b", "--tp", "1", "--pp", "1"], "does not fit on h100-sxm"),
 ])
 def test_bad_flags_give_one_line_and_exit_2(cli, capsys, argv, message):
     assert cli(["compare", *SMALL, "--steps", "1", *argv]) == 2

@@ -21,6 +21,7 @@ from slimpack.cli.common import (
 from slimpack.compare import compare
 from slimpack.compare.run import check_strategies
 from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.cost import CostModel
 from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
 
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     check_strategies(strategies)
     config = config_from_args(args, default=DEFAULT_CONFIG)
+    CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
     dataset = load_dataset(args.dataset)
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from slimpack.cli.common import add_config_arguments, add_planner_arguments, config_from_args
 from slimpack.compare.run import check_strategies, step_batches
+from slimpack.cost import CostModel
 from slimpack.data import load_dataset
 from slimpack.plan import save_plan
 from slimpack.plan.check import check_plan
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise UserError(f"--step must be >= 0, got {args.step}")
     config = config_from_args(args)
+    CostModel(config).check_states_fit()
     batches = step_batches(load_dataset(args.dataset), config, args.step + 1, shuffle=args.shuffle)
     planner = make_planner(args.strategy, config)
     # strategies that hold samples back carry a queue from step to step: replay the earlier steps

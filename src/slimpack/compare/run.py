@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimpack.config import Config
+from slimpack.cost import CostModel
 from slimpack.data import Dataset as LengthDataset
 from slimpack.data import GlobalBatchSampler, SamplerConfig
 from slimpack.errors import UserError
@@ -187,6 +188,7 @@ def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
 def compare(config: Config, dataset: LengthDataset, strategies: Sequence[str], num_steps: int, *,
             shuffle: bool = False, on_step: Callable[[], None] = lambda: None) -> Comparison:
     check_strategies(strategies)
+    CostModel(config).check_states_fit()
     if num_steps < 1:
         raise UserError(f"--steps must be >= 1, got {num_steps}")
     batches = step_batches(dataset, config, num_steps, shuffle=shuffle)

@@ -26,6 +26,7 @@ import numpy as np
 from slimpack.config import Config
 from slimpack.cost import flops, memory
 from slimpack.cost.comm import group_link, ring_allreduce_time, ring_gather_time
+from slimpack.errors import UserError
 
 ArrayLike = np.ndarray | list[int] | tuple[int, ...]
 
@@ -255,6 +256,19 @@ class CostModel:
         par = self.config.parallel
         return memory.model_state_bytes(self.stage_params(stage), shard_ranks=par.dp * par.cp,
                                         distributed_optimizer=self.config.train.distributed_optimizer)
+
+    def check_states_fit(self) -> None:
+        """Raise a ``UserError`` when a stage's parameters, gradients and optimizer states alone
+        exceed the GPU's usable memory: no plan can run on such a layout."""
+        par = self.config.parallel
+        usable = self.config.cluster.usable_memory_bytes
+        worst = max(range(par.pp), key=self.model_state_bytes)
+        need = self.model_state_bytes(worst)
+        if need > usable:
+            raise UserError(
+                f"{self.model.name} does not fit on {self.config.cluster.name} with tp {par.tp} pp {par.pp} "
+                f"dp {par.dp} cp {par.cp}: stage {worst} needs {need / 2**30:.1f} GiB per GPU for parameters, "
+                f"gradients and optimizer states alone (usable {usable / 2**30:.1f} GiB); raise tp, pp or dp")
 
     # ---- communication --------------------------------------------------------------------
     def p2p_bytes(self, tokens: float, *, cp: int | None = None) -> float:
