@@ -5,6 +5,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from slimpack.plan.types import Group, Slice
@@ -26,14 +27,19 @@ def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
     return out
 
 
-def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, set[int]]) -> tuple[Group, ...]:
-    """Split slices at extra cut positions (per sample), keeping group membership and order."""
+def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, list[int]]) -> tuple[Group, ...]:
+    """Split slices at extra cut positions (``cuts``: per sample, sorted positions), keeping group
+    membership and order."""
     out = []
     for group in groups:
         pieces: list[Slice] = []
         for s in group:
-            points = sorted(p for p in cuts.get(s.sample_id, ()) if s.start < p < s.end)
-            bounds = [s.start, *points, s.end]
+            points = cuts.get(s.sample_id)
+            if not points:
+                pieces.append(s)
+                continue
+            inside = points[bisect_right(points, s.start):bisect_left(points, s.end)]
+            bounds = [s.start, *inside, s.end]
             pieces.extend(Slice(s.sample_id, a, b) for a, b in zip(bounds, bounds[1:], strict=False))
         out.append(tuple(pieces))
     return tuple(out)
@@ -54,10 +60,14 @@ def asymmetric_groups(forward: list[list[Slice]], backward_cost: SliceCost, rule
     cut further where the backward balance needs it; the forward groups get the same extra
     boundaries."""
     backward = cut_into_groups(backward_sequence(forward), len(forward), backward_cost, rules, from_end=True)
-    cuts: dict[int, set[int]] = {}
+    # the positions where backward cut a sample further than forward did
+    ends = {(s.sample_id, s.end) for group in forward for s in group}
+    extra: dict[int, set[int]] = {}
     for group in backward:
         for s in group:
-            cuts.setdefault(s.sample_id, set()).update((s.start, s.end))
+            if (s.sample_id, s.end) not in ends:
+                extra.setdefault(s.sample_id, set()).add(s.end)
+    cuts = {sid: sorted(points) for sid, points in extra.items()}
     # backward pieces are forward slices, some cut further: giving forward those cuts too makes
     # both groupings partition the same slices
     return refine(forward, cuts), tuple(_canonical(g) for g in backward)

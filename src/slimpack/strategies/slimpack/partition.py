@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from slimpack.plan.types import Slice
 
 SliceCost = Callable[[float, float], float]
@@ -58,18 +60,27 @@ def best_cut(piece: Slice, need: float, cost: SliceCost, rules: CutRules, *, fro
     return (lo + a) * rules.align if not from_end else (hi - a) * rules.align
 
 
+def total_cost(pieces: Sequence[Slice], cost: SliceCost) -> float:
+    """Σ cost of ``pieces``, in one vectorised call (cost functions are plain arithmetic)."""
+    if not pieces:
+        return 0.0
+    starts = np.fromiter((p.start for p in pieces), dtype=np.float64, count=len(pieces))
+    ends = np.fromiter((p.end for p in pieces), dtype=np.float64, count=len(pieces))
+    return float(np.sum(cost(ends - starts, starts)))
+
+
 def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
                     from_end: bool = False) -> list[list[Slice]]:
     """Cut ``pieces`` (in order) into at most ``num_groups`` non-empty groups of equal cost. With
-    ``from_end`` a piece that is cut gives its later tokens to the current group (backward consumes a sample's tokens from the end). Fewer
-    groups come back only when there are too few pieces to fill them.
+    ``from_end`` a piece that is cut gives its later tokens to the current group (backward consumes
+    a sample's tokens from the end). Fewer groups come back only when there are too few pieces.
 
     Cutting a piece makes its parts cost a little more than the whole (small slices run less
     efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
     pass with the first pass's actual total removes that drift."""
     assert num_groups >= 1
     first = _cut(pieces, num_groups, cost, rules, from_end, None)
-    actual = sum(cost(s.end - s.start, s.start) for group in first for s in group)
+    actual = total_cost([s for group in first for s in group], cost)
     return _cut(pieces, num_groups, cost, rules, from_end, actual)
 
 
@@ -78,7 +89,7 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
     queue = list(pieces)
     queue.reverse()  # pop() from the end = next piece in order
     # what the groups still to form should cost together (estimated from whole pieces in pass 1)
-    remaining = sum(cost(p.end - p.start, p.start) for p in queue) if total is None else total
+    remaining = total_cost(queue, cost) if total is None else total
     groups: list[list[Slice]] = []
     for g in range(num_groups):
         if not queue:

@@ -172,8 +172,7 @@ class SlimPackPlanner:
             backward_needs(fwd, bwd), num_forward=len(fwd), pp=pp, lookahead=shape.lookahead,
             forward_bytes=[per_token * sum(s.tokens for s in g) for g in fwd],
             backward_freed_bytes=[per_token * sum(s.tokens for s in g) for g in bwd], cap_bytes=self.cap)
-        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd, order=order,
-                            formations=formations(fwd))  # type: ignore[arg-type]
+        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd, order=order)
 
     # ---- scoring --------------------------------------------------------------------------
     def _simulate(self, pipelines: Sequence[tuple[Bin, PipelinePlan]], samples: Sequence[Sample]
@@ -255,7 +254,9 @@ class SlimPackPlanner:
         assert best is not None
         _, bins, shape, share, num_merged = best
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
-        pipelines = tuple(self._pipeline(b, samples, shape, milp) for b in bins)
+        # formations are reported in the plan only (scoring does not need them)
+        pipelines = tuple(dataclasses.replace(pipe, formations=formations(pipe.forward))  # type: ignore[arg-type]
+                          for pipe in (self._pipeline(b, samples, shape, milp) for b in bins))
         info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead,
                 "head_weight": shape.head_weight,
                 "merge_share": share,
