@@ -78,7 +78,7 @@ def test_field_validation_and_unknown_keys():
 def test_bad_config_file_is_a_user_error(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("model = [")
-    with pytest.raises(UserError, match="not valid toml"):
+    with pytest.raises(UserError, match="not valid TOML"):
         load_config(path)
     with pytest.raises(UserError, match="cannot read config"):
         load_config(tmp_path / "missing.json")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from slimpack.config.planner import PlannerConfig
 from slimpack.config.presets import cluster_preset, model_preset
 from slimpack.config.train import TrainConfig
 from slimpack.errors import UserError
+from slimpack.files import read_data_file
 
 CONFIG_VERSION = 1
 
@@ -77,13 +77,4 @@ def save_config(config: Config, path: str | Path) -> None:
 
 def load_config(path: str | Path) -> Config:
     """Read a config from ``.json`` or ``.toml``; errors name the file and the bad key."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"config {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}") from None
-    return Config.from_dict(data, where=str(path))
+    return Config.from_dict(read_data_file(path, "config"), where=str(path))

@@ -25,6 +25,7 @@ import numpy as np
 from slimpack.config import EfficiencyConfig, ModelConfig
 from slimpack.cost import flops
 from slimpack.errors import UserError
+from slimpack.files import read_data_file
 
 Op = Literal["gemm", "attention", "layer"]
 
@@ -138,8 +139,7 @@ def save_calibration(result: CalibrationResult, path: str | Path) -> None:
 
 
 def load_calibration(path: str | Path) -> EfficiencyConfig:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read calibration {path}: {exc}") from None
+    data = read_data_file(path, "calibration")
+    if not isinstance(data, dict):
+        raise UserError(f"calibration {path}: expected a JSON object")
     return EfficiencyConfig.from_dict(data.get("efficiency", data), where=str(path))

@@ -12,6 +12,7 @@ from typing import Any
 
 from slimpack.config import Config
 from slimpack.errors import UserError
+from slimpack.files import read_data_file
 from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
 
 PLAN_FORMAT = "slimpack-plan"
@@ -152,13 +153,4 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"cannot read plan {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}") from None
-    return plan_from_dict(data, where=str(path))
+    return plan_from_dict(read_data_file(path, "plan"), where=str(path))
