@@ -33,7 +33,7 @@ from slimpack.strategies.slimpack.milp import MilpResult, rebalance
 from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
 
-GROUPS_PER_STAGE = (2, 4, 8, 16)
+GROUPS_PER_STAGE = (2, 4, 8, 16, 32)
 """Candidate K = multiples of pp; the best is refined by its neighbours."""
 MERGE_SHARES = (None, 1.0, 0.5)
 """DP-Merge thresholds tried: an outlier costing more than this share of a replica's work merges."""
