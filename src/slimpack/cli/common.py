@@ -39,7 +39,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, training: bool = Tr
     """--config, --model, --gpu, --tp/--pp/--dp/--cp/--vpp and (with ``training``) context and batch."""
     group = parser.add_argument_group("model, cluster and layout")
     group.add_argument("--config", metavar="FILE", help="JSON or TOML config file; flags given here override it")
-    group.add_argument("--model", metavar="M", help=f"model preset ({', '.join(MODEL_PRESETS)}); default llama2-7b")
+    group.add_argument("--model", metavar="M", help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging "
+                       "Face config.json (file or checkpoint directory); default llama2-7b")
     group.add_argument("--gpu", metavar="G", help=f"GPU/cluster preset ({', '.join(CLUSTER_PRESETS)}); default h100-sxm")
     for name, text in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data"), ("cp", "context")):
         group.add_argument(f"--{name}", type=positive_int, metavar="N", help=f"{text}-parallel degree")

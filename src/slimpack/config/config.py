@@ -12,10 +12,11 @@ import tomli_w
 from slimpack.config.base import ConfigBase
 from slimpack.config.cluster import ClusterConfig
 from slimpack.config.efficiency import EfficiencyConfig
+from slimpack.config.hf import resolve_model
 from slimpack.config.model import ModelConfig
 from slimpack.config.parallel import ParallelConfig
 from slimpack.config.planner import PlannerConfig
-from slimpack.config.presets import cluster_preset, model_preset
+from slimpack.config.presets import cluster_preset
 from slimpack.config.train import TrainConfig
 from slimpack.errors import UserError
 from slimpack.files import read_data_file
@@ -50,9 +51,10 @@ class Config(ConfigBase):
         version = data.pop("version", CONFIG_VERSION)
         if version != CONFIG_VERSION:
             raise UserError(f"config version {version!r} is not supported (this slimpack reads {CONFIG_VERSION})")
-        # Sections may name a preset instead of spelling it out: model = "llama2-7b".
+        # Sections may name a preset instead of spelling it out: model = "llama2-7b" (or a path
+        # to a Hugging Face config.json).
         if isinstance(data.get("model"), str):
-            data["model"] = model_preset(data["model"]).to_dict()
+            data["model"] = resolve_model(data["model"]).to_dict()
         if isinstance(data.get("cluster"), str):
             data["cluster"] = cluster_preset(data["cluster"]).to_dict()
         return super(Config, cls).from_dict(data, where=where or "config")
@@ -60,8 +62,9 @@ class Config(ConfigBase):
 
 def build_config(*, model: str | ModelConfig = "llama2-7b", gpu: str | ClusterConfig = "h100-sxm",
                  **sections: Any) -> Config:
-    """A Config from preset names plus section overrides, e.g. ``parallel=ParallelConfig(tp=8)``."""
-    model_cfg = model_preset(model) if isinstance(model, str) else model
+    """A Config from preset names (or a Hugging Face config.json path for the model) plus section
+    overrides, e.g. ``parallel=ParallelConfig(tp=8)``."""
+    model_cfg = resolve_model(model) if isinstance(model, str) else model
     cluster_cfg = cluster_preset(gpu) if isinstance(gpu, str) else gpu
     return Config(model=model_cfg, cluster=cluster_cfg, **sections)
 

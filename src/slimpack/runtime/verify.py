@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from slimpack.config import ModelConfig, model_preset
+from slimpack.config import ModelConfig, resolve_model
 from slimpack.plan.types import Plan
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.model import build_model
@@ -105,7 +105,7 @@ def random_tokens(lengths: Mapping[int, int], vocab_size: int, seed: int = 0,
 
 def numerics_model(model: ModelConfig | str, num_chunks: int) -> ModelConfig:
     """The model to run: ``model`` with its layer count raised to a multiple of the plan's chunks."""
-    config = model_preset(model) if isinstance(model, str) else model
+    config = resolve_model(model) if isinstance(model, str) else model
     if config.num_layers % num_chunks:
         layers = -(-config.num_layers // num_chunks) * num_chunks
         config = dataclasses.replace(config, num_layers=layers)
