@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     loader = PlanningLoader(corpus.dataset(), config, args.strategy, shuffle=args.shuffle, ahead=args.plan_ahead)
     model = build_model(config.model, seed=config.train.seed, dtype=dtype, device=device)
     runtime = distributed.RankRuntime(
-        model, Mesh.from_parallel(par), virtual_stages=par.virtual_stages, backend=args.attention,
+        model, Mesh.from_parallel(par), virtual_stages=par.virtual_stages, stage_layers=par.stage_layers,
+        backend=args.attention,
         optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr), timeout_s=args.timeout)
     say = print if rank == 0 else (lambda *_a, **_k: None)
     say(f"slimpack train: {config.model.name} ({config.model.num_params():,} parameters, {args.dtype}) on "

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.plan} runs {total} tokens in {len(lengths)} samples, more than {args.max_tokens} "
                         f"is slow on a CPU (sample lengths are never scaled down); pass --force to run it anyway")
     par = plan.config.parallel
-    model = numerics_model(args.model, par.pp * par.virtual_stages)
+    model = numerics_model(args.model, par.pp * par.virtual_stages, par.stage_layers)
     try:
         result = verify_plan(plan, model=model, dtype=dtype, seed=args.seed, backend=args.backend,
                              device=args.device, use_order=not args.ignore_order)

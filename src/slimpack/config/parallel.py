@@ -23,11 +23,21 @@ class ParallelConfig(ConfigBase):
     """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
     sequence_parallel: bool = True
     """Megatron sequence parallelism: norms and dropout sharded over tp (activations / tp)."""
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers of each model chunk, in layer order (pp·virtual_stages entries; chunk c of
+    stage s is entry c·pp + s); empty = an even split. An uneven split lets the first stage (which
+    also embeds) and the last (final norm, LM head, loss) carry fewer layers: see
+    ``slimpack.cost.stages.balanced_stage_layers``."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "virtual_stages"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, f"parallel layout: {name} must be an integer >= 1, got {value!r}")
+        require(all(isinstance(n, int) and n >= 1 for n in self.stage_layers),
+                f"parallel layout: stage_layers must be integers >= 1, got {list(self.stage_layers)}")
+        require(not self.stage_layers or len(self.stage_layers) == self.pp * self.virtual_stages,
+                f"parallel layout: stage_layers has {len(self.stage_layers)} entries, expected "
+                f"pp*virtual_stages = {self.pp * self.virtual_stages}")
 
     @property
     def num_devices(self) -> int:
@@ -38,12 +48,24 @@ class ParallelConfig(ConfigBase):
         """GPUs that run one pipeline stage together (tp x cp)."""
         return self.tp * self.cp
 
+    def chunk_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers of each model chunk (virtual stage) in layer order: ``stage_layers`` or even."""
+        if self.stage_layers:
+            return self.stage_layers
+        chunks = self.pp * self.virtual_stages
+        return (num_layers // chunks,) * chunks
+
     def check(self, model: ModelConfig, cluster: ClusterConfig) -> None:
         """Raise a ``UserError`` that explains why this layout cannot run ``model`` on ``cluster``."""
         chunks = self.pp * self.virtual_stages
-        require(model.num_layers % chunks == 0,
-                f"{model.name} has {model.num_layers} layers, not divisible by pp*virtual_stages = "
-                f"{self.pp}*{self.virtual_stages} = {chunks}")
+        if self.stage_layers:
+            require(sum(self.stage_layers) == model.num_layers,
+                    f"stage_layers {list(self.stage_layers)} sum to {sum(self.stage_layers)} layers, "
+                    f"{model.name} has {model.num_layers}")
+        else:
+            require(model.num_layers % chunks == 0,
+                    f"{model.name} has {model.num_layers} layers, not divisible by pp*virtual_stages = "
+                    f"{self.pp}*{self.virtual_stages} = {chunks} (give stage_layers for an uneven split)")
         require(model.num_heads % self.tp == 0,
                 f"{model.name} has {model.num_heads} attention heads, not divisible by tp={self.tp}")
         require(model.num_kv_heads % self.tp == 0,

@@ -57,7 +57,10 @@ class CostModel:
         self.tp = par.tp
         self.cp = par.cp
         self.num_chunks = par.pp * par.virtual_stages
-        self.layers_per_chunk = model.num_layers // self.num_chunks
+        self.chunk_layers = par.chunk_layers(model.num_layers)
+        # The additive slice costs describe the chunk with the most layers: the pipeline's
+        # bottleneck when the stage split is even, and the one planners must balance for otherwise.
+        self.layers_per_chunk = max(self.chunk_layers)
         self.recompute = config.train.recompute
         self._gemm_rate = cluster.peak_flops * eff.gemm_max
         self._attn_rate = cluster.peak_flops * eff.attention_max
@@ -80,7 +83,7 @@ class CostModel:
     # ---- layout ---------------------------------------------------------------------------
     def chunk_shape(self, virtual_stage: int) -> ChunkShape:
         assert 0 <= virtual_stage < self.num_chunks, virtual_stage
-        return ChunkShape(self.layers_per_chunk, virtual_stage == 0, virtual_stage == self.num_chunks - 1)
+        return ChunkShape(self.chunk_layers[virtual_stage], virtual_stage == 0, virtual_stage == self.num_chunks - 1)
 
     # ---- time -----------------------------------------------------------------------------
     def _layer_parts(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> tuple[float, float, float, float]:
@@ -136,12 +139,13 @@ class CostModel:
         time = shape.num_layers * self.layer_time(tokens, prefix, backward=backward, cp=cp)
         total = float(np.sum(tokens))
         if shape.has_head and total > 0:
-            time += self._head_time(total, cp, backward)
+            time += self.head_time(total, cp, backward)
         if shape.has_embedding and total > 0:
-            time += self._embedding_time(total, cp)
+            time += self.embedding_time(total, cp)
         return time
 
-    def _head_time(self, total: float, cp: int, backward: bool) -> float:
+    def head_time(self, total: float, cp: int, backward: bool) -> float:
+        """Seconds the final norm, LM head and loss add to a group of ``total`` tokens (last chunk)."""
         eff = self.config.efficiency
         gemm = self._head / (self.tp * cp) / self._gemm_rate * (total + cp * eff.gemm_half_tokens)
         logits = total / cp * self._logit_bytes * CROSS_ENTROPY_PASSES / self.config.cluster.hbm_bandwidth
@@ -151,9 +155,10 @@ class CostModel:
     def head_cost_per_token(self, *, backward: bool) -> float:
         """Seconds per token the LM head and loss add to the last chunk (their time is affine in
         tokens), cp = layout cp: what balancing groups for the last stage adds to ``slice_cost``."""
-        return self._head_time(1.0, self.cp, backward) - self._head_time(0.0, self.cp, backward)
+        return self.head_time(1.0, self.cp, backward) - self.head_time(0.0, self.cp, backward)
 
-    def _embedding_time(self, total: float, cp: int) -> float:
+    def embedding_time(self, total: float, cp: int) -> float:
+        """Seconds the embedding adds to a group of ``total`` tokens (first chunk)."""
         # a memory-bound gather (forward) or scatter-add (backward) of T·h elements
         size = total / cp * self.model.hidden * self.model.dtype_bytes
         return 2 * size / self.config.cluster.hbm_bandwidth

@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -122,7 +122,7 @@ class RankRuntime:
     references to its chunks only, so the others' parameters are never touched or reduced.
     """
 
-    def __init__(self, model: Transformer, mesh: Mesh, *, virtual_stages: int = 1,
+    def __init__(self, model: Transformer, mesh: Mesh, *, virtual_stages: int = 1, stage_layers: Sequence[int] = (),
                  groups: ProcessGroups | None = None, backend: str = "auto",
                  optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -131,7 +131,7 @@ class RankRuntime:
         self.replica, self.stage = mesh.coords(self.rank)
         self.groups = groups or build_process_groups(mesh)
         self.num_chunks = mesh.pp * virtual_stages
-        chunks = model.split(self.num_chunks)
+        chunks = model.split(self.num_chunks, stage_layers)
         self.chunk_ids = [c * mesh.pp + self.stage for c in range(virtual_stages)]
         self.chunks: dict[int, ModelStage] = {v: chunks[v] for v in self.chunk_ids}
         seen: set[int] = set()

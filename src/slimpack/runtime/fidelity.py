@@ -29,7 +29,8 @@ def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: 
     dtype = {4: torch.float32, 8: torch.float64, 2: torch.bfloat16}[plan.config.model.dtype_bytes]
     model = build_model(plan.config.model, seed=0, dtype=dtype)
     runtime = RankRuntime(model, Mesh.from_parallel(plan.config.parallel),
-                          virtual_stages=plan.config.parallel.virtual_stages)
+                          virtual_stages=plan.config.parallel.virtual_stages,
+                          stage_layers=plan.config.parallel.stage_layers)
     tokens = random_tokens(plan_lengths(plan), plan.config.model.vocab_size, 0)
     runtime.step(plan, tokens, optimizer_step=False)
     times = []

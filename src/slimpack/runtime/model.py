@@ -19,6 +19,7 @@ embedding ~ N(0, 1), norm gains = 1.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -103,13 +104,20 @@ class Transformer(nn.Module):
                              f"{self.config.num_layers} layers")
         return ModelStage(self, first_layer, end_layer)
 
-    def split(self, num_stages: int) -> list[ModelStage]:
-        """Equal consecutive layer ranges (``num_layers`` must divide evenly)."""
+    def split(self, num_stages: int, stage_layers: Sequence[int] = ()) -> list[ModelStage]:
+        """Consecutive layer ranges: ``stage_layers`` layers each (a config's ``stage_layers``), or
+        equal ones when it is empty (``num_layers`` must then divide evenly)."""
         layers = self.config.num_layers
-        if num_stages < 1 or layers % num_stages:
+        if stage_layers:
+            if len(stage_layers) != num_stages or sum(stage_layers) != layers or min(stage_layers) < 1:
+                raise ValueError(f"stage_layers {list(stage_layers)} is not a split of {layers} layers "
+                                 f"into {num_stages} stages")
+        elif num_stages < 1 or layers % num_stages:
             raise ValueError(f"{layers} layers cannot be split into {num_stages} equal stages")
-        per = layers // num_stages
-        return [self.stage(i * per, (i + 1) * per) for i in range(num_stages)]
+        else:
+            stage_layers = [layers // num_stages] * num_stages
+        ends = np.cumsum([0, *stage_layers]).tolist()
+        return [self.stage(first, end) for first, end in zip(ends, ends[1:], strict=False)]
 
 
 class ModelStage(nn.Module):

@@ -24,17 +24,19 @@ from slimpack.runtime.model import Transformer
 def build_executors(model: Transformer, pipeline: PipelinePlan, *, num_chunks: int,
                     sample_lengths: Mapping[int, int], tokens: Mapping[int, torch.Tensor],
                     num_loss_tokens: int, backend: str = "auto", track_memory: bool = False,
-                    stages_per_pipeline: int | None = None) -> list[StageExecutor]:
+                    stages_per_pipeline: int | None = None,
+                    stage_layers: Sequence[int] = ()) -> list[StageExecutor]:
     """One executor per model chunk (virtual stage) of ``pipeline``, chunks in layer order.
 
     With interleaving, chunk v runs on pipeline stage v % pp as its chunk v // pp
-    (``stages_per_pipeline`` = pp names them in messages).
+    (``stages_per_pipeline`` = pp names them in messages). ``stage_layers``: layers per chunk, as a
+    config's ``parallel.stage_layers`` (empty = even).
     """
     pp = stages_per_pipeline or num_chunks
     params = list(model.parameters())
     lengths = {sid: sample_lengths[sid] for group in pipeline.forward for sid, _, _ in group}
     executors = []
-    for v, stage in enumerate(model.split(num_chunks)):
+    for v, stage in enumerate(model.split(num_chunks, stage_layers)):
         name = f"stage {v % pp}" + (f" chunk {v // pp}" if num_chunks > pp else "")
         executors.append(StageExecutor(
             stage, pipeline.forward, pipeline.backward, sample_lengths=lengths, tokens=tokens,

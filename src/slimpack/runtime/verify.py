@@ -15,7 +15,7 @@ of the largest gradient entry of the model, for parameters whose true gradient i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,10 +103,13 @@ def random_tokens(lengths: Mapping[int, int], vocab_size: int, seed: int = 0,
             .to(device=device, dtype=torch.long) for sid, length in lengths.items()}
 
 
-def numerics_model(model: ModelConfig | str, num_chunks: int) -> ModelConfig:
-    """The model to run: ``model`` with its layer count raised to a multiple of the plan's chunks."""
+def numerics_model(model: ModelConfig | str, num_chunks: int, stage_layers: Sequence[int] = ()) -> ModelConfig:
+    """The model to run: ``model`` with the plan's uneven split's layer count (``stage_layers``), or
+    with its layer count raised to a multiple of the plan's chunks."""
     config = resolve_model(model) if isinstance(model, str) else model
-    if config.num_layers % num_chunks:
+    if stage_layers:
+        config = dataclasses.replace(config, num_layers=sum(stage_layers))
+    elif config.num_layers % num_chunks:
         layers = -(-config.num_layers // num_chunks) * num_chunks
         config = dataclasses.replace(config, num_layers=layers)
     return config
@@ -128,7 +131,7 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
     """Run ``plan`` through the executors and the reference on random tokens; compare."""
     par = plan.config.parallel
     num_chunks = par.pp * par.virtual_stages
-    config = numerics_model(model, num_chunks)
+    config = numerics_model(model, num_chunks, par.stage_layers)
     lengths = plan_lengths(plan)
     tokens = random_tokens(lengths, config.vocab_size, seed, device)
     num_loss = count_loss_tokens(lengths.values())
@@ -141,7 +144,7 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
     for pipe in plan.pipelines:
         executors = build_executors(net, pipe, num_chunks=num_chunks, sample_lengths=lengths, tokens=tokens,
                                     num_loss_tokens=num_loss, backend=backend, track_memory=track_memory,
-                                    stages_per_pipeline=par.pp)
+                                    stages_per_pipeline=par.pp, stage_layers=par.stage_layers)
         if use_order and pipe.order is not None:
             loss = loss + run_stage_orders(executors, pipe.order)
             ordered += 1

@@ -57,8 +57,10 @@ class _PipelineRun:
         self.nodes = graph.nodes
         self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
         self.tokens = [(self.fwd if a.kind == "F" else self.bwd)[a.group][2] for _, a in graph.nodes]
-        # a group's time depends on its chunk only through the embedding (first) and head (last)
-        self._times: dict[tuple[str, int, bool, bool], float] = {}
+        # a group's time depends on its chunk only through the chunk's layer count, the embedding
+        # (first chunk) and the head (last chunk)
+        self._layers = cost.chunk_layers
+        self._times: dict[tuple[str, int, int, bool, bool], float] = {}
         self.duration = [self._group_time(cost, a.kind, a.group, v)
                          for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
         self.start, self.end = self._timeline(cost, graph.preds, topo)
@@ -70,7 +72,7 @@ class _PipelineRun:
                             tuple(self._group_time(cost, "B", g, middle) for g in range(len(self.bwd))))
 
     def _group_time(self, cost: CostModel, kind: str, group: int, vstage: int) -> float:
-        key = (kind, group, vstage == 0, vstage == self.pp * self.chunks - 1)
+        key = (kind, group, self._layers[vstage], vstage == 0, vstage == self.pp * self.chunks - 1)
         if key not in self._times:
             tokens, prefix, _ = (self.fwd if kind == "F" else self.bwd)[group]
             self._times[key] = cost.group_time(tokens, prefix, virtual_stage=vstage,
