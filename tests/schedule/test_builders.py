@@ -101,9 +101,9 @@ def test_dependency_aware_never_deadlocks(pp, chain_lengths, lookahead, capped, 
     need = backward_needs(pipe.forward, pipe.backward)
     sizes = [1.0] * num_forward
     order = dependency_aware(need, num_forward=num_forward, pp=cfg.parallel.pp, lookahead=lookahead,
-                             forward_bytes=sizes if capped else None,
-                             backward_freed_bytes=[float(len(g)) for g in pipe.backward] if capped else None,
-                             cap_bytes=1.0 if capped else None)
+                             forward_tokens=sizes if capped else None,
+                             backward_tokens=[float(len(g)) for g in pipe.backward] if capped else None,
+                             cap_tokens=[1.0 + s for s in range(cfg.parallel.pp)] if capped else None)
     graph = build_graph(pipe, order, pp=cfg.parallel.pp, chunks=1)
     assert len(topological_order(graph)) == (num_forward + len(groups)) * cfg.parallel.pp
 

@@ -54,19 +54,24 @@ def backward_needs(forward: Sequence[Group], backward: Sequence[Group]) -> list[
 
 
 def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahead: int = 0,
-                     forward_bytes: Sequence[float] | None = None,
-                     backward_freed_bytes: Sequence[float] | None = None,
-                     cap_bytes: float | None = None) -> Order:
+                     forward_tokens: Sequence[float] | None = None,
+                     backward_tokens: Sequence[float] | None = None,
+                     cap_tokens: Sequence[float] | None = None) -> Order:
     """Orders for every stage. ``need[i]``: forwards required before backward i (non-decreasing,
-    ending at ``num_forward``). With ``cap_bytes``, a stage stops running extra forwards once the
-    activations in flight (``forward_bytes`` kept per forward group, ``backward_freed_bytes`` released
-    per backward group) would exceed the cap; required forwards are never held back, and no stage
+    ending at ``num_forward``). With ``cap_tokens`` (one per stage), a stage stops running extra
+    forwards once the tokens whose activations it holds (``forward_tokens`` kept per forward group,
+    ``backward_tokens`` released per backward group) would exceed its cap; the cap is in tokens
+    because a stage's kept bytes are proportional to its tokens (see
+    ``schedule.default.activation_cap_tokens``). Required forwards are never held back, and no stage
     runs fewer forwards before B_i than the stage after it (that is what keeps it deadlock-free)."""
     assert all(a <= b for a, b in zip(need, need[1:], strict=False)), "need must be non-decreasing"
     assert not need or need[-1] == num_forward, "the last backward needs every forward"
+    assert cap_tokens is None or (len(cap_tokens) == pp and forward_tokens is not None
+                                  and backward_tokens is not None), "a cap needs per-stage caps and group sizes"
     counts_after: list[int] = list(need)  # forwards done before each B on the next stage down the line
     orders: list[tuple[Action, ...]] = []
     for stage in reversed(range(pp)):
+        cap = cap_tokens[stage] if cap_tokens is not None else None
         actions: list[Action] = []
         counts: list[int] = []
         done_f, live = 0, 0.0
@@ -74,16 +79,16 @@ def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahea
             floor = max(required, counts_after[i])
             target = min(num_forward, max(floor, pp - stage + i) + lookahead)
             while done_f < target:
-                extra = forward_bytes[done_f] if forward_bytes is not None else 0.0
-                if done_f >= floor and cap_bytes is not None and live + extra > cap_bytes:
+                extra = forward_tokens[done_f] if forward_tokens is not None else 0.0
+                if done_f >= floor and cap is not None and live + extra > cap:
                     break
                 actions.append(Action("F", done_f))
                 live += extra
                 done_f += 1
             counts.append(done_f)
             actions.append(Action("B", i))
-            if backward_freed_bytes is not None:
-                live -= backward_freed_bytes[i]
+            if backward_tokens is not None:
+                live -= backward_tokens[i]
         actions.extend(Action("F", g) for g in range(done_f, num_forward))
         orders.append(tuple(actions))
         counts_after = counts

@@ -15,17 +15,23 @@ from slimpack.schedule.builders import (
 from slimpack.schedule.dag import ActionGraph, ScheduleError, build_graph, topological_order
 
 
-def activation_cap_bytes(config: Config, cost: object | None) -> float | None:
-    """Bytes of activations a stage may hold: usable memory minus the largest stage's model states
-    and one layer's working set at full context. ``None`` without a cost model."""
-    if cost is None:
-        return None
+def activation_cap_tokens(config: Config, cost: object, *, cp: int, largest_group_tokens: float
+                          ) -> tuple[float, ...]:
+    """Per stage: how many tokens' kept activations the stage may hold at once, so that what the
+    simulator charges it (model states + kept activations + the running group's working set) stays
+    within usable memory. Counts what the simulator counts, through the cost model's own functions:
+    each stage's model states, its kept bytes per token (the last stage's include the LM head's
+    float32 logits and head inputs), and the working set of the pipeline's largest group (a group
+    of whole short samples can hold more tokens than the context). Negative when even one group's
+    working set does not fit."""
     from slimpack.cost import CostModel
 
     assert isinstance(cost, CostModel)
-    states = max(cost.model_state_bytes(s) for s in range(config.parallel.pp))
-    working = cost.working_bytes(config.train.max_context)
-    return config.cluster.usable_memory_bytes - states - working
+    working = cost.working_bytes(largest_group_tokens, cp=cp)
+    usable = config.cluster.usable_memory_bytes
+    return tuple((usable - cost.model_state_bytes(stage) - working)
+                 / cost.activation_bytes(1.0, virtual_stage=stage, cp=cp)
+                 for stage in range(config.parallel.pp))
 
 
 def default_order(pipeline: PipelinePlan, config: Config, cost: object | None = None, *,
@@ -48,17 +54,14 @@ def default_order(pipeline: PipelinePlan, config: Config, cost: object | None = 
     if pipeline.symmetric:
         return one_f_one_b(num, pp)
     need = backward_needs(pipeline.forward, pipeline.backward)
-    forward_bytes = backward_bytes = None
-    cap = activation_cap_bytes(config, cost)
-    if cap is not None:
-        from slimpack.cost import CostModel
-
-        assert isinstance(cost, CostModel)
-        per_token = cost.activation_bytes(1.0, virtual_stage=0, cp=pipeline.cp)
-        forward_bytes = [per_token * sum(s.tokens for s in g) for g in pipeline.forward]
-        backward_bytes = [per_token * sum(s.tokens for s in g) for g in pipeline.backward]
-    return dependency_aware(need, num_forward=num, pp=pp, forward_bytes=forward_bytes,
-                            backward_freed_bytes=backward_bytes, cap_bytes=cap)
+    if cost is None:
+        return dependency_aware(need, num_forward=num, pp=pp)
+    forward_tokens = [sum(s.tokens for s in g) for g in pipeline.forward]
+    backward_tokens = [sum(s.tokens for s in g) for g in pipeline.backward]
+    caps = activation_cap_tokens(config, cost, cp=pipeline.cp,
+                                 largest_group_tokens=max(forward_tokens + backward_tokens, default=0))
+    return dependency_aware(need, num_forward=num, pp=pp, forward_tokens=forward_tokens,
+                            backward_tokens=backward_tokens, cap_tokens=caps)
 
 
 def pipeline_graph(pipeline: PipelinePlan, config: Config, cost: object | None = None, *,

@@ -26,9 +26,11 @@ from slimpack.cost import CostModel
 from slimpack.errors import UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
 from slimpack.schedule.builders import backward_needs, dependency_aware
-from slimpack.schedule.default import activation_cap_bytes
+from slimpack.schedule.default import activation_cap_tokens
 from slimpack.sim import simulate
+from slimpack.strategies.slimpack.candidates import safest_plan
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
+from slimpack.strategies.slimpack.memory import fits
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
 from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
@@ -44,6 +46,10 @@ HEAVY_HEAD = 0.05
 SCORE_PIPELINES = 2
 """The most loaded pipelines simulated per candidate (plus those with the most tokens and the
 longest sample, for memory)."""
+ASYMMETRIC, BOUNDED, SYMMETRIC = "asymmetric", "bounded", "symmetric"
+"""How backward groups are formed: balanced on backward cost (the paper's asymmetric partitioning);
+balanced on backward + forward cost, which keeps them closer in tokens to the forward groups, so
+fewer activations pile up while the forwards run ahead; or the forward groups themselves."""
 
 
 @dataclass(slots=True)
@@ -58,11 +64,25 @@ class Shape(NamedTuple):
     """One candidate shape of a pipeline's plan."""
 
     num_groups: int
+    backward: str = ASYMMETRIC
+    """ASYMMETRIC, BOUNDED or SYMMETRIC backward groups."""
+    slicing: bool = True
+    """False keeps every sample whole (a baseline-like packing, scored like the rest)."""
     lookahead: int = 0
     head_weight: float = 0.0
     """1.0 balances groups on the last stage's cost (layers + LM head + loss) instead of a middle
     stage's: with a large vocabulary the last stage is the bottleneck and its per-token head work
     makes token-heavy groups its slowest."""
+
+
+Score = tuple[bool, float, float]
+"""(fits in memory, step time, peak memory) of a candidate."""
+
+
+def rank(score: Score) -> tuple[bool, float]:
+    """Sort key: fitting candidates first, fastest first; then the least memory."""
+    fits_, time_s, peak = score
+    return (not fits_, time_s if fits_ else peak)
 
 
 class SlimPackPlanner:
@@ -77,7 +97,6 @@ class SlimPackPlanner:
         knobs = config.planner
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
-        self.cap = activation_cap_bytes(config, self.cost)
         self._built: dict[tuple, PipelinePlan] = {}
 
     # ---- costs ----------------------------------------------------------------------------
@@ -87,12 +106,21 @@ class SlimPackPlanner:
             backward=b, extra_per_token=head_weight * self.cost.head_cost_per_token(backward=b))
             for b in (False, True))
 
-    def _ways_for_memory(self, length: int) -> int:
-        """Fewest merged replicas whose context parallelism lets one pipeline hold a whole sliced
-        sample's activations on stage 0 (all its forwards run before its first backward)."""
-        assert self.cap is not None
-        per_replica = self.cost.activation_bytes(length, virtual_stage=0)
-        return max(1, -(-int(per_replica) // max(1, int(self.cap))))
+    def _bounded_cost(self, head_weight: float) -> SliceCost:
+        """Backward cost plus forward cost scaled to the same per-token weight: groups balanced on
+        it sit between forward-balanced and backward-balanced ones (see BOUNDED)."""
+        forward, backward = self._slice_costs(head_weight)
+        ratio = backward(4096.0, 0.0) / forward(4096.0, 0.0)
+        return lambda tokens, prefix: backward(tokens, prefix) + ratio * forward(tokens, prefix)
+
+    def _longest_held(self) -> list[float]:
+        """Per number of merged replicas k (index k-1): the longest sample whose activations one
+        pipeline of k merged replicas holds on every stage (a sliced sample's forwards all run
+        before its first backward), with a context-length group's working set."""
+        par = self.config.parallel
+        return [min(activation_cap_tokens(self.config, self.cost, cp=par.cp * k,
+                                          largest_group_tokens=self.config.train.max_context))
+                for k in range(1, par.dp + 1)]
 
     def _head_is_heavy(self) -> bool:
         """Whether the LM head adds more than 5% to the last stage's per-token work."""
@@ -119,8 +147,9 @@ class SlimPackPlanner:
     def _pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
                   milp: MilpBudget | None = None) -> PipelinePlan:
         """The pipeline's groups and order. With ``milp``, the MILP refines the heuristic's groups
-        and the refinement is kept only if it does not make the pipeline's simulated step slower
-        (the MILP balances group costs; the simulator also sees what that does to the schedule)."""
+        and the refinement is kept only if it fits and does not make the pipeline's simulated step
+        slower (the MILP balances group costs; the simulator also sees what that does to the
+        schedule)."""
         heuristic = self._build(bin_, samples, shape)
         if milp is None or not heuristic.forward:
             return heuristic
@@ -130,7 +159,8 @@ class SlimPackPlanner:
         refined = self._build(bin_, samples, shape, milp)
         if refined == heuristic:
             return heuristic
-        if self._simulate([(bin_, refined)], samples)[1] < self._simulate([(bin_, heuristic)], samples)[1]:
+        refined_score = self._simulate([(bin_, refined)], samples)
+        if refined_score[0] and rank(refined_score) < rank(self._simulate([(bin_, heuristic)], samples)):
             return refined
         milp.results.append(MilpResult([], "rejected by simulation", 0.0, 0.0))
         return heuristic
@@ -155,75 +185,99 @@ class SlimPackPlanner:
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
-        pp = self.config.parallel.pp
+        rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
-        forward = cut_into_groups(pieces, shape.num_groups, forward_cost, self.rules)
+        forward = cut_into_groups(pieces, shape.num_groups, forward_cost, rules)
         if milp is not None:
             forward = self._refine(forward, backward=False, milp=milp)
-        if self.config.planner.use_asymmetric:
-            fwd, bwd = asymmetric_groups(forward, backward_cost, self.rules)
-            if milp is not None:
-                bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
-        else:
+        if shape.backward == SYMMETRIC:
             fwd = tuple(tuple(g) for g in forward)
             bwd = symmetric_backward(fwd)
-        per_token = self.cost.activation_bytes(1.0, virtual_stage=0, cp=cp)
-        order = dependency_aware(
-            backward_needs(fwd, bwd), num_forward=len(fwd), pp=pp, lookahead=shape.lookahead,
-            forward_bytes=[per_token * sum(s.tokens for s in g) for g in fwd],
-            backward_freed_bytes=[per_token * sum(s.tokens for s in g) for g in bwd], cap_bytes=self.cap)
-        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd, order=order)
+        else:
+            balance_on = backward_cost if shape.backward == ASYMMETRIC else self._bounded_cost(shape.head_weight)
+            fwd, bwd = asymmetric_groups(forward, balance_on, rules)
+            if milp is not None:
+                bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
+        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd,
+                            order=self._order(fwd, bwd, cp, shape.lookahead))
+
+    def _order(self, forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]], cp: int,
+               lookahead: int) -> tuple:
+        """The dependency-aware order under each stage's memory cap."""
+        forward_tokens = [sum(s.tokens for s in g) for g in forward]
+        backward_tokens = [sum(s.tokens for s in g) for g in backward]
+        caps = activation_cap_tokens(self.config, self.cost, cp=cp,
+                                     largest_group_tokens=max(forward_tokens + backward_tokens))
+        return dependency_aware(backward_needs(forward, backward), num_forward=len(forward),
+                                pp=self.config.parallel.pp, lookahead=lookahead,
+                                forward_tokens=forward_tokens, backward_tokens=backward_tokens, cap_tokens=caps)
+
+    def _fits(self, pipeline: PipelinePlan) -> bool:
+        return pipeline.order is not None and fits(pipeline, pipeline.order, self.config, self.cost)
 
     # ---- scoring --------------------------------------------------------------------------
-    def _simulate(self, pipelines: Sequence[tuple[Bin, PipelinePlan]], samples: Sequence[Sample]
-                  ) -> tuple[bool, float, float]:
-        """(fits, step time, peak memory) of a sub-plan made of these pipelines alone."""
-        width = sum(len(b.replicas) for b, _ in pipelines)
-        config = dataclasses.replace(self.config, parallel=dataclasses.replace(self.config.parallel, dp=width))
-        renumbered, next_replica = [], 0
-        for b, pipe in pipelines:
-            renumbered.append(dataclasses.replace(pipe, replicas=tuple(range(next_replica, next_replica + len(b.replicas)))))
-            next_replica += len(b.replicas)
+    def _simulate(self, pipelines: Sequence[tuple[Bin, PipelinePlan]], samples: Sequence[Sample]) -> Score:
+        """(fits, step time, peak memory) of a sub-plan made of these pipelines alone. The layout
+        keeps its full dp, so the gradient all-reduce costs what it costs in the whole plan."""
         members = [samples[i] for b, _ in pipelines for i in b.items]
-        result = simulate(Plan(config=config, strategy=self.name, samples=tuple(members),
-                               pipelines=tuple(renumbered)), CostModel(config), check=False)
+        plan = Plan(config=self.config, strategy=self.name, samples=tuple(members),
+                    pipelines=tuple(pipe for _, pipe in pipelines))
+        result = simulate(plan, self.cost, check=False)
         return not result.oom, result.step_time_s, max(result.peak_memory_bytes)
 
-    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> tuple[bool, float, float]:
+    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> Score:
         """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``."""
         return self._simulate([(b, self._build(b, samples, shape)) for b in bins], samples)
 
-    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]
-                ) -> tuple[tuple[bool, float, float], Shape, int]:
-        """Best (score, shape, candidates tried) for these bins: a coarse sweep of K, then K's
-        neighbours, then the look-aheads (and the last-stage balance) at the best, scored on the
-        pipelines that decide step time and memory."""
-        # the most loaded pipelines decide the step time; the ones with the longest sample or the
-        # most tokens decide the peak memory
+    def _scored_bins(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> list[Bin]:
+        """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
+        ones with the longest sample or the most tokens (peak memory)."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
         tokens_of = [sum(samples[i].length for i in b.items) / len(b.replicas) for b in bins]
         longest = [max((samples[i].length for i in b.items), default=0) / len(b.replicas) for b in bins]
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
                   max(range(len(bins)), key=lambda b: (longest[b], -b))}
-        scored_bins = [bins[b] for b in sorted(picked)]
+        return [bins[b] for b in sorted(picked)]
+
+    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> dict[Shape, Score]:
+        """Every candidate scored for these bins: a coarse sweep of K with asymmetric and symmetric
+        backward groups, then the best K's neighbours, the bounded asymmetry, the look-aheads, the
+        last-stage balance and whole samples at the best shape."""
+        scored_bins = self._scored_bins(bins, samples)
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
         tokens = max(sum(samples[i].length for i in b.items) for b in bins)
         limit = max(1, min(tokens // self.rules.min_slice + most_samples, 64 * pp))
-        scores: dict[Shape, tuple[bool, float, float]] = {}
+        scores: dict[Shape, Score] = {}
 
         def evaluate(candidates: set[Shape]) -> Shape:
             for shape in sorted(candidates - scores.keys()):
                 scores[shape] = self._score(scored_bins, samples, shape)
-            return min(scores, key=lambda c: (not scores[c][0], scores[c][1] if scores[c][0] else scores[c][2], c))
+            return min(scores, key=lambda c: (rank(scores[c]), c))
 
-        k = evaluate({Shape(min(limit, m * pp)) for m in GROUPS_PER_STAGE}).num_groups
-        k = evaluate({Shape(max(1, round(k * f))) for f in (0.7, 1.0, 1.4)}).num_groups
         knobs = self.config.planner
-        best = evaluate({Shape(k, la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
+        modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
+        best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
+        best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
+        if knobs.use_asymmetric:
+            best = evaluate({best, best._replace(backward=BOUNDED)})
+        best = evaluate({best._replace(lookahead=la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
-        return scores[best], best, len(scores)
+        if knobs.use_slicing:
+            evaluate({best._replace(slicing=False, backward=SYMMETRIC)})
+        return scores
+
+    def _fallbacks(self, shape: Shape, ranked: Sequence[Shape]) -> list[Shape]:
+        """Shapes to try, in order, for a pipeline that does not fit with ``shape``: the other
+        candidates in rank order, then the ladder: no look-ahead, backward groups bounded by the
+        forward ones, symmetric groups, finer groups, whole samples."""
+        ladder = [shape._replace(lookahead=0)]
+        ladder += [ladder[-1]._replace(backward=mode) for mode in (BOUNDED, SYMMETRIC)]
+        ladder += [ladder[-1]._replace(num_groups=shape.num_groups * f) for f in (2, 4)]
+        ladder += [ladder[-1]._replace(slicing=False, num_groups=shape.num_groups * f) for f in (1, 2, 4)]
+        seen: set[Shape] = {shape}
+        return [s for s in [*ranked, *ladder] if not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
 
     # ---- the step -------------------------------------------------------------------------
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
@@ -235,7 +289,9 @@ class SlimPackPlanner:
         forward_cost, backward_cost = self._slice_costs(0.0)
         costs = [forward_cost(s.length, 0) + backward_cost(s.length, 0) for s in samples]
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
-        min_ways = [self._ways_for_memory(s.length) if knobs.use_dp_merge else 1 for s in samples]
+        holds = self._longest_held()
+        min_ways = [next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp)
+                    if knobs.use_dp_merge else 1 for s in samples]
         best = None
         tried = 0
         layouts: set[tuple] = set()
@@ -246,24 +302,34 @@ class SlimPackPlanner:
             if layout in layouts:
                 continue  # this threshold merges nothing new
             layouts.add(layout)
-            score, shape, count = self._search(bins, samples)
-            tried += count
-            rank = (not score[0], score[1] if score[0] else score[2])
-            if best is None or rank < best[0]:
-                best = (rank, bins, shape, share, len(merges))
+            scores = self._search(bins, samples)
+            tried += len(scores)
+            shape = min(scores, key=lambda c: (rank(scores[c]), c))
+            if best is None or rank(scores[shape]) < rank(best[0]):
+                best = (scores[shape], bins, shape, share, len(merges), scores)
         assert best is not None
-        _, bins, shape, share, num_merged = best
+        _, bins, shape, share, num_merged, scores = best
+        ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
-        # formations are reported in the plan only (scoring does not need them)
-        pipelines = tuple(dataclasses.replace(pipe, formations=formations(pipe.forward))  # type: ignore[arg-type]
-                          for pipe in (self._pipeline(b, samples, shape, milp) for b in bins))
-        info = {"num_groups": shape.num_groups, "lookahead": shape.lookahead,
-                "head_weight": shape.head_weight,
-                "merge_share": share,
-                "merged_pipelines": num_merged, "candidates": tried,
-                "milp": _milp_summary(milp.results if milp else None), "planner_time_s": time.perf_counter() - began}
-        return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
-                    pipelines=pipelines, info=info)
+        pipelines, fallbacks = [], 0
+        for bin_ in bins:
+            pipe = self._pipeline(bin_, samples, shape, milp)
+            if not self._fits(pipe):
+                pipe = next((p for p in (self._build(bin_, samples, s) for s in self._fallbacks(shape, ranked))
+                             if self._fits(p)), pipe)
+                fallbacks += 1
+            # formations are reported in the plan only (scoring does not need them)
+            pipelines.append(dataclasses.replace(pipe, formations=formations(pipe.forward)))  # type: ignore[arg-type]
+        info = {"candidate": "slimpack", "num_groups": shape.num_groups, "backward": shape.backward,
+                "slicing": shape.slicing, "lookahead": shape.lookahead, "head_weight": shape.head_weight,
+                "merge_share": share, "merged_pipelines": num_merged, "candidates": tried,
+                "memory_fallback_pipelines": fallbacks,
+                "milp": _milp_summary(milp.results if milp else None)}
+        plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
+                    pipelines=tuple(pipelines), info=info)
+        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines))
+        plan.info["planner_time_s"] = time.perf_counter() - began
+        return plan
 
 
 def _milp_summary(results: list[MilpResult] | None) -> dict | None:

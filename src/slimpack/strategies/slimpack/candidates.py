@@ -1,0 +1,92 @@
+"""Never behind, never out of memory: SlimPack's plan against whole-sample packings of the same batch.
+
+SlimPack's own candidates (K, slicing, backward grouping, look-ahead, DP-Merge) are scored on the
+pipelines that decide the step. The planner then also builds the plans of the baselines that train
+exactly the same documents (whole samples, symmetric groups, 1F1B: ByteScale's FLOP buckets, TRL's
+best-fit-decreasing, verl's Karmarkar-Karp), scores them with the same simulator and returns the
+fastest plan that fits in memory, saying in ``info["candidate"]`` which one won. Fixed-length
+packing and SlimPipe are not candidates: they split documents at sequence boundaries, which changes
+what is trained.
+If no candidate fits, the planner raises one error that says what would make one fit.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from slimpack.cost import CostModel
+from slimpack.errors import UserError
+from slimpack.plan.types import Plan, Sample
+from slimpack.schedule.default import default_order
+from slimpack.sim import simulate
+from slimpack.strategies.slimpack.memory import stage_peak_bytes
+
+BASELINE_CANDIDATES = ("bytescale", "bfd", "kk")
+KK_MAX_SAMPLES = 4096
+"""Karmarkar-Karp's planning time grows fast with the batch (seconds at ~8K samples): above this
+many samples it is left out of the candidates."""
+CANDIDATES_MAX_SAMPLES = 24576
+"""Above this many samples (about 384 GPUs at 64K tokens per GPU on wikipedia) the baseline
+candidates are built only when SlimPack's own plan does not fit: planning and simulating them
+costs more than the planner's latency budget there, where SlimPack's margin is widest."""
+
+
+def plan_peaks(plan: Plan, cost: CostModel) -> list[float]:
+    """Per pipeline, the peak bytes of its most loaded device (exact, from the orders alone)."""
+    return [max(stage_peak_bytes(pipe, default_order(pipe, plan.config, cost), plan.config, cost))
+            for pipe in plan.pipelines]
+
+
+def plan_fits(plan: Plan, cost: CostModel) -> bool:
+    usable = plan.config.cluster.usable_memory_bytes
+    return all(peak <= usable for peak in plan_peaks(plan, cost))
+
+
+def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+    from slimpack.strategies import make_planner  # the registry imports this package
+
+    names = [n for n in BASELINE_CANDIDATES if n != "kk" or len(batch) <= KK_MAX_SAMPLES]
+    return [make_planner(name, config).plan(batch, step=step) for name in names]
+
+
+def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool) -> Plan:
+    """``plan`` (SlimPack's; ``fitting``: every pipeline fits) or a baseline candidate's plan
+    that the simulator finds faster, or that fits when ``plan`` does not. Raises a ``UserError``
+    when nothing fits."""
+    if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
+        return plan
+    best, best_time = None, float("inf")
+    if fitting:
+        best, best_time = plan, simulate(plan, cost, check=False).step_time_s
+    for candidate in baseline_plans(batch, plan.step, plan.config):
+        if not plan_fits(candidate, cost):
+            continue
+        time_s = simulate(candidate, cost, check=False).step_time_s
+        if time_s < best_time:
+            best, best_time = candidate, time_s
+    if best is None:
+        raise no_plan_fits(plan, cost)
+    if best is plan:
+        return plan
+    name = best.strategy
+    info = {"candidate": name, "slimpack": dict(plan.info), name: dict(best.info)}
+    return dataclasses.replace(best, strategy=plan.strategy, info=info)
+
+
+def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:
+    """The error for a batch that no candidate fits: how far over it is and what would help."""
+    config = plan.config
+    par, train = config.parallel, config.train
+    usable = config.cluster.usable_memory_bytes
+    need = max(plan_peaks(plan, cost), default=0.0)
+    longest = max((s.length for s in plan.samples), default=0)
+    helps = ["raise tp, cp or pp (activations per GPU shrink with each)"]
+    if train.recompute != "full":
+        helps.append("use --recompute full")
+    helps.append("or lower --max-context")
+    return UserError(
+        f"slimpack: no plan of this batch fits in GPU memory with tp {par.tp} pp {par.pp} cp {par.cp} "
+        f"(recompute {train.recompute}): the best needs {need / 2**30:.1f} of {usable / 2**30:.1f} GiB "
+        f"(longest sample {longest:,} tokens); {', '.join(helps)}")
