@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from slimpack.plan.types import Plan
+from slimpack.plan.types import PipelinePlan, Plan
 
 
 def _unsliced_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
@@ -118,3 +118,38 @@ def watchdog_fires(rank: int, world_size: int) -> None:
 
     with Watchdog(1.0, "the test's work"):
         time.sleep(30)
+
+
+def tensor_parallel_stages(rank: int, world_size: int, pipe: PipelinePlan, lengths: dict[int, int]) -> dict:
+    """One process group = one tensor-parallel group: every rank runs all stages of ``pipe`` (one
+    process, ``run_in_order``) on its shards, with the LM head vocabulary-parallel and gathered;
+    loss and full gradients against the unsliced reference."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from slimpack.config import model_preset
+    from slimpack.runtime.loss import count_loss_tokens
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.pipeline import build_executors, default_actions, run_in_order
+    from slimpack.runtime.reference import reference_loss
+    from slimpack.runtime.tensor_parallel import full, loss_context, parallelize_model
+    from slimpack.runtime.verify import random_tokens
+
+    config = model_preset("tiny")
+    tokens = random_tokens(lengths, config.vocab_size, 0)
+    reference = build_model(config, seed=0)
+    ref_loss = float(reference_loss(reference, tokens))
+    ref = {n: p.grad for n, p in reference.named_parameters()}
+    mesh = init_device_mesh("cpu", (world_size,))
+    out: dict = {"ref_loss": ref_loss}
+    for vocab_parallel in (True, False):
+        net = parallelize_model(build_model(config, seed=0), mesh, vocab_parallel=vocab_parallel)
+        with loss_context(world_size):
+            executors = build_executors(net, pipe, num_chunks=2, sample_lengths=lengths, tokens=tokens,
+                                        num_loss_tokens=count_loss_tokens(lengths.values()), backend="cpu")
+            loss = float(run_in_order(executors, default_actions(pipe)))
+        grads = {n: full(p.grad) for n, p in net.named_parameters()}
+        out[vocab_parallel] = {"loss": loss, "errors": _errors(grads, ref)}
+    out["shards"] = {n: tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
+                     for n, p in net.named_parameters()}
+    out["heads"] = (net.layers[0].num_heads, net.layers[0].num_kv_heads)
+    return out

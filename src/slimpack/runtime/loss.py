@@ -18,6 +18,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from slimpack.runtime.tensor_parallel import local
+
 IGNORE_INDEX = -100
 
 
@@ -37,5 +39,9 @@ def slice_targets(tokens_l: torch.Tensor, start: int, end: int) -> torch.Tensor:
 
 
 def token_losses(logits_tv: torch.Tensor, targets_t: torch.Tensor) -> torch.Tensor:
-    """Per-position cross-entropy (T,), zero where the target is IGNORE_INDEX."""
-    return F.cross_entropy(logits_tv, targets_t, ignore_index=IGNORE_INDEX, reduction="none")
+    """Per-position cross-entropy (T,), zero where the target is IGNORE_INDEX.
+
+    Vocabulary-sharded logits (a DTensor, tensor parallelism) need torch's ``loss_parallel`` context
+    (``tensor_parallel.loss_context``); the result is then replicated and returned as a local tensor.
+    """
+    return local(F.cross_entropy(logits_tv, targets_t, ignore_index=IGNORE_INDEX, reduction="none"))

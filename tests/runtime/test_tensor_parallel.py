@@ -1,0 +1,50 @@
+"""Tensor parallelism (torch DTensor, 2 gloo ranks, float64): per-rank shards of whole heads, and the
+loss and every gradient equal to the single-process unsliced reference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from dist_workers import tensor_parallel_stages
+
+from slimpack.config import model_preset
+from slimpack.plan.types import PipelinePlan, Slice
+from slimpack.runtime.launch import spawn
+from slimpack.runtime.model import build_model
+from slimpack.runtime.tensor_parallel import check_tensor_parallel
+
+TINY = model_preset("tiny")
+
+
+def _asymmetric_pipeline() -> tuple[PipelinePlan, dict[int, int]]:
+    """Sample 0 in three slices (K/V prefixes), forward and backward grouped differently."""
+    s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
+    forward = ((s[0],), (s[1], s[3]), (s[2], s[4]))
+    backward = ((s[4],), (s[2], s[1]), (s[3], s[0]))
+    return PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=backward), {0: 100, 1: 30, 2: 50}
+
+
+@pytest.mark.distributed
+def test_tp2_matches_the_unsliced_reference():
+    """Both LM-head variants: vocabulary-parallel loss and gathered logits."""
+    pipe, lengths = _asymmetric_pipeline()
+    results = spawn(tensor_parallel_stages, 2, (pipe, lengths), timeout_s=120)
+    h, kv, f = TINY.hidden, TINY.kv_hidden, TINY.ffn_hidden
+    for r in results:
+        assert r["heads"] == (TINY.num_heads // 2, TINY.num_kv_heads // 2)
+        shards = r["shards"]
+        assert shards["layers.0.wq.weight"] == (h // 2, h) and shards["layers.0.wk.weight"] == (kv // 2, h)
+        assert shards["layers.0.wo.weight"] == (h, h // 2) and shards["layers.0.w_down.weight"] == (h, f // 2)
+        assert shards["embedding.weight"] == (TINY.vocab_size // 2, h)
+        assert shards["layers.0.attn_norm.weight"] == (h,)  # replicated
+        for vocab_parallel in (True, False):
+            assert abs(r[vocab_parallel]["loss"] - r["ref_loss"]) <= 1e-12 * r["ref_loss"]
+            assert max(r[vocab_parallel]["errors"].values()) < 1e-10, (vocab_parallel, r[vocab_parallel]["errors"])
+
+
+def test_tp_must_split_whole_heads():
+    with pytest.raises(ValueError, match=r"tp=3 does not divide the model's attention heads"):
+        check_tensor_parallel(build_model(TINY), 3)
+    with pytest.raises(ValueError, match="tied embeddings"):
+        check_tensor_parallel(build_model(dataclasses.replace(TINY, tie_embeddings=True)), 2)
