@@ -59,7 +59,7 @@ class _PipelineRun:
         self.tokens = [(self.fwd if a.kind == "F" else self.bwd)[a.group][2] for _, a in graph.nodes]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
         # (first chunk) and the head (last chunk)
-        self._layers = cost.chunk_layers
+        self._layers = par.chunk_layers(plan.config.model.num_layers)
         self._times: dict[tuple[str, int, int, bool, bool], float] = {}
         self.duration = [self._group_time(cost, a.kind, a.group, v)
                          for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
