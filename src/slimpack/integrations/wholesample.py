@@ -1,0 +1,126 @@
+"""The whole-sample form of a plan, and each data-parallel rank's micro-batches in it.
+
+Frameworks that pack variable-length samples (Hugging Face/TRL padding-free batches, Megatron-Core's
+packed sequences) run each sample whole inside one micro-batch, forward and backward alike. What
+they can take from a slimpack plan is therefore its *whole-sample form*: no slices, backward groups
+equal to forward groups. A plan planned that way (``use_slicing=False, use_asymmetric=False``) is
+already in that form; any other plan can be *lowered* to it: each sample runs whole in the forward
+group that held its first slice, and groups left empty vanish. Lowering keeps the assignment of
+samples to replicas and the group order, but loses what slicing and regrouping bought (measure it
+with the simulator: :func:`slimpack.sim.simulate` scores the lowered plan as any other).
+
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from slimpack.config import Config
+from slimpack.errors import UserError
+from slimpack.plan.types import Group, PipelinePlan, Plan, Slice
+
+MicroBatches = tuple[tuple[int, ...], ...]
+"""One rank's micro-batches of one step, each a tuple of sample ids in packing order."""
+
+
+def whole_sample_config(config: Config, *, dp_merge: bool = False) -> Config:
+    """``config`` with the planner switched to whole samples (no slicing, no asymmetric backward),
+    DP-Merge only where the framework runs context parallelism across replicas, and the MILP off:
+    its result depends on a wall-clock limit, and every rank must compute the same plan."""
+    planner = dataclasses.replace(config.planner, use_slicing=False, use_asymmetric=False,
+                                  use_dp_merge=dp_merge and config.planner.use_dp_merge, use_milp=False)
+    return dataclasses.replace(config, planner=planner)
+
+
+def is_whole_sample(plan: Plan) -> bool:
+    """True when every slice is a whole sample and every pipeline's backward groups equal its
+    forward groups."""
+    lengths = plan.sample_lengths()
+    return all(pipe.symmetric and all(s.start == 0 and s.end == lengths[s.sample_id]
+                                      for group in pipe.forward for s in group)
+               for pipe in plan.pipelines)
+
+
+def whole_sample_form(plan: Plan) -> Plan:
+    """``plan`` lowered to whole samples (see the module doc); a plan already in that form is
+    returned unchanged. The lowered plan runs the default schedule for its groups."""
+    if is_whole_sample(plan):
+        return plan
+    lengths = plan.sample_lengths()
+    pipelines = []
+    for pipe in plan.pipelines:
+        groups: list[Group] = []
+        for group in pipe.forward:
+            whole = tuple(Slice(s.sample_id, 0, lengths[s.sample_id]) for s in group if s.start == 0)
+            if whole:
+                groups.append(whole)
+        pipelines.append(PipelinePlan(replicas=pipe.replicas, cp=pipe.cp, forward=tuple(groups),
+                                      backward=tuple(groups)))
+    info = {"whole_sample_form_of": plan.strategy,
+            "forward_groups_before": sum(len(p.forward) for p in plan.pipelines)}
+    return dataclasses.replace(plan, pipelines=tuple(pipelines), info=info)
+
+
+def require_whole_sample(plan: Plan, *, lower: bool, framework: str) -> Plan:
+    """The plan a framework can run: ``plan`` itself when it is whole-sample, its lowered form when
+    ``lower``, else a :class:`UserError` that says why and what to do."""
+    if is_whole_sample(plan):
+        return plan
+    if lower:
+        return whole_sample_form(plan)
+    raise UserError(f"{framework} runs whole samples, but this {plan.strategy} plan (step {plan.step}) "
+                    f"has slices or asymmetric backward groups; plan with use_slicing=False and "
+                    f"use_asymmetric=False, or ask for its whole-sample form (lower=True)")
+
+
+def rank_micro_batches(plan: Plan, *, lower: bool = False, framework: str = "data parallelism"
+                       ) -> list[MicroBatches]:
+    """Per data-parallel replica (index = replica), its micro-batches of this plan's step, every
+    replica with the same number of micro-batches.
+
+    Replicas merged into one context-parallel group (DP-Merge) are refused: plain data parallelism
+    runs every replica on its own samples. Where pipelines hold different numbers of groups, a
+    replica with fewer gets its heaviest micro-batch (in tokens) split in two, repeatedly, as data
+    parallelism needs the same number of backward passes (and gradient all-reduces) on every rank.
+    """
+    plan = require_whole_sample(plan, lower=lower, framework=framework)
+    merged = next((p for p in plan.pipelines if len(p.replicas) > 1), None)
+    if merged is not None:
+        raise UserError(f"{framework} cannot run replicas {list(merged.replicas)} merged into one "
+                        f"context-parallel group (DP-Merge); plan with use_dp_merge=False")
+    per_replica: dict[int, MicroBatches] = {
+        pipe.replicas[0]: tuple(tuple(s.sample_id for s in group) for group in pipe.forward)
+        for pipe in plan.pipelines}
+    num_replicas = plan.config.parallel.dp
+    assert sorted(per_replica) == list(range(num_replicas)), "the checker guarantees one pipeline per replica"
+    lengths = plan.sample_lengths()
+    target = max(len(batches) for batches in per_replica.values())
+    return [_split_to_count(per_replica[r], target, lengths, f"replica {r}") for r in range(num_replicas)]
+
+
+def _split_to_count(batches: MicroBatches, target: int, lengths: dict[int, int], where: str) -> MicroBatches:
+    out = [list(batch) for batch in batches]
+    while len(out) < target:
+        splittable = [i for i, batch in enumerate(out) if len(batch) > 1]
+        if not splittable:
+            raise UserError(f"{where} holds {sum(map(len, out))} sample(s), fewer than the {target} "
+                            f"micro-batches other replicas run; use a larger batch or fewer replicas")
+        heaviest = max(splittable, key=lambda i: (sum(lengths[s] for s in out[i]), -i))
+        out[heaviest:heaviest + 1] = _halves(out[heaviest], lengths)
+    return tuple(tuple(batch) for batch in out)
+
+
+def _halves(batch: Sequence[int], lengths: dict[int, int]) -> list[list[int]]:
+    """Cut a micro-batch in two, in order, where the running token count first reaches half."""
+    total, running = sum(lengths[s] for s in batch), 0
+    for cut in range(1, len(batch)):
+        running += lengths[batch[cut - 1]]
+        if 2 * running >= total:
+            return [list(batch[:cut]), list(batch[cut:])]
+    return [list(batch[:-1]), list(batch[-1:])]
+
+
+__all__ = ["MicroBatches", "is_whole_sample", "whole_sample_config", "rank_micro_batches", "require_whole_sample",
+           "whole_sample_form"]
