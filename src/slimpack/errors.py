@@ -11,3 +11,8 @@ class UserError(ValueError):
 
 class InvalidPlanError(UserError):
     """A plan that fails the checker; the message names the offending entry."""
+
+
+class ScheduleError(InvalidPlanError):
+    """A schedule that cannot run: an order that misses or repeats actions, that deadlocks, or that
+    runs an action before its inputs (the checker and the runtime raise the same class)."""

@@ -37,7 +37,7 @@ def test_verify_passes(tmp_path, capsys) -> None:
     plan = write_plan(tmp_path, order=order, deferred=(9,), extra=(Sample(id=9, length=100_000),))
     assert main(["verify", "--plan", plan]) == 0
     out = capsys.readouterr().out
-    assert "PASSED" in out and "layers.3.w_down" in out and "1 run in the plan's order" in out
+    assert "PASSED" in out and "layers.3.w_down" in out and "2 run in the plan's order" in out
 
 
 def test_float32_against_a_float64_tolerance_fails(tmp_path, capsys) -> None:

@@ -131,3 +131,43 @@ def test_any_corruption_is_a_user_error_or_a_valid_plan(small_plan_dict, data):
         check_plan(plan_from_dict(corrupted))
     except UserError as exc:
         assert "\n" not in str(exc)
+
+
+def _asymmetric_plan_dict() -> dict:
+    """Six 32K-token samples on llama2-7b, tp 1 pp 4, one per forward group, two per backward group:
+    stage 0 would run four forwards before its first backward, more activations than an H100 holds,
+    so the memory cap (from the config in the file) shapes the default order."""
+    from helpers import config
+    from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
+
+    samples = tuple(Sample(id=i, length=32768) for i in range(6))
+    groups = tuple((Slice(i, 0, 32768),) for i in range(6))
+    pairs = tuple(groups[i] + groups[i + 1] for i in range(0, 6, 2))
+    pipe = PipelinePlan(replicas=(0,), cp=1, forward=groups, backward=pairs)
+    data = plan_to_dict(Plan(config=config(pp=4, max_context=32768), strategy="test", samples=samples,
+                             pipelines=(pipe,)))
+    data["pipelines"][0]["order"] = None
+    return data
+
+
+def test_a_file_without_orders_gets_them_once_from_its_own_config():
+    from slimpack.cost import CostModel
+    from slimpack.plan.types import Action
+    from slimpack.schedule import backward_needs, default_order, dependency_aware
+    from slimpack.sim import simulate
+
+    plan = plan_from_dict(_asymmetric_plan_dict())
+    pipe = plan.pipelines[0]
+    assert pipe.order == default_order(pipe.forward, pipe.backward, cp=1, config=plan.config,
+                                       cost=CostModel(plan.config))
+    uncapped = dependency_aware(backward_needs(pipe.forward, pipe.backward), num_forward=6, pp=4)
+    assert pipe.order != uncapped  # the cap, from the file's config, decided the order
+    written = plan_to_dict(plan)
+    assert written["pipelines"][0]["order"] == [[str(a) for a in stage] for stage in pipe.order]
+    assert plan_from_dict(written) == plan
+    check_plan(plan)
+    # the simulator runs exactly the plan's order on every stage
+    spans = [s for s in simulate(plan).spans if s.kind in ("F", "B")]
+    for stage, actions in enumerate(pipe.order):
+        mine = sorted((s for s in spans if s.stage == stage), key=lambda s: s.start_s)
+        assert tuple(Action(s.kind, s.group, s.chunk) for s in mine) == actions

@@ -3,6 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import UniformCost, config, one_sample_per_group_plan
+from slimpack.errors import ScheduleError
 from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
 from slimpack.schedule import (
     backward_needs,
@@ -12,7 +13,7 @@ from slimpack.schedule import (
     one_f_one_b,
     order_to_text,
 )
-from slimpack.schedule.dag import ScheduleError, build_graph, topological_order
+from slimpack.schedule.dag import build_graph, topological_order
 from slimpack.sim import simulate
 
 
@@ -104,7 +105,7 @@ def test_dependency_aware_never_deadlocks(pp, chain_lengths, lookahead, capped, 
                              forward_tokens=sizes if capped else None,
                              backward_tokens=[float(len(g)) for g in pipe.backward] if capped else None,
                              cap_tokens=[1.0 + s for s in range(cfg.parallel.pp)] if capped else None)
-    graph = build_graph(pipe, order, pp=cfg.parallel.pp, chunks=1)
+    graph = build_graph(pipe.forward, pipe.backward, order, pp=cfg.parallel.pp, chunks=1)
     assert len(topological_order(graph)) == (num_forward + len(groups)) * cfg.parallel.pp
 
 
@@ -115,7 +116,7 @@ def test_an_order_that_deadlocks_is_rejected():
            (Action("F", 1), Action("F", 0), Action("B", 0), Action("B", 1)))
     # stage 1 wants F1 first, stage 0 only sends F1 after B0, which needs stage 1's B0: a cycle
     with pytest.raises(ScheduleError, match="deadlocks"):
-        topological_order(build_graph(plan.pipelines[0], bad, pp=2, chunks=1))
+        topological_order(build_graph(plan.pipelines[0].forward, plan.pipelines[0].backward, bad, pp=2, chunks=1))
     missing = (bad[0], bad[1][:-1])
     with pytest.raises(ScheduleError, match="never runs B1"):
-        build_graph(plan.pipelines[0], missing, pp=2, chunks=1)
+        build_graph(plan.pipelines[0].forward, plan.pipelines[0].backward, missing, pp=2, chunks=1)

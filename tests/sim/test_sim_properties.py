@@ -7,8 +7,8 @@ from hypothesis import given, settings
 
 from random_plans import plans
 from slimpack.cost import CostModel
+from slimpack.plan.check import schedule_graph
 from slimpack.schedule.dag import P2P
-from slimpack.schedule.default import pipeline_graph
 from slimpack.sim import simulate
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -35,7 +35,7 @@ def test_every_dependency_is_respected(plan):
     cost = CostModel(plan.config)
     result = simulate(plan, cost)
     for p, pipe in enumerate(plan.pipelines):
-        graph, _ = pipeline_graph(pipe, plan.config, cost)
+        graph, _ = schedule_graph(pipe, plan.config)
         span_of = {(s.stage, s.kind, s.group, s.chunk): s for s in result.spans
                    if s.pipeline == p and s.kind in ("F", "B")}
         assert len(span_of) == len(graph.nodes)  # every action ran, once

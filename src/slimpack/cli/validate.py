@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 from slimpack.cli.common import plan_summary
-from slimpack.cost import CostModel
 from slimpack.plan import load_plan
 from slimpack.plan.check import check_plan
 
@@ -23,6 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     # the cost model gives the default schedule the memory cap the simulator runs it with
-    check_plan(plan, CostModel(plan.config))
+    check_plan(plan)
     print(f"{args.plan}: valid plan: {plan_summary(plan)}")
     return 0

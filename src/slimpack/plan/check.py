@@ -10,9 +10,10 @@ Must not import torch.
 
 from __future__ import annotations
 
+from slimpack.config import Config
 from slimpack.errors import InvalidPlanError
-from slimpack.plan.types import Plan, Slice
-from slimpack.schedule.default import pipeline_graph
+from slimpack.plan.types import PipelinePlan, Plan, Slice
+from slimpack.schedule.dag import ActionGraph, build_graph, topological_order
 
 
 class PlanError(InvalidPlanError):
@@ -128,9 +129,17 @@ def check_groups(plan: Plan) -> None:
         raise PlanError(f"sample(s) {missing[:8]} are neither scheduled nor deferred ({len(missing)} in all)")
 
 
-def check_plan(plan: Plan, cost: object | None = None) -> None:
-    """Raise ``PlanError`` (or ``ScheduleError``) naming the first problem; return None for a valid plan.
-    ``cost`` (a ``CostModel``) gives the default schedule its memory cap, as the simulator runs it."""
+def schedule_graph(pipe: PipelinePlan, config: Config, *, where: str = "pipeline") -> tuple[ActionGraph, list[int]]:
+    """The dependency graph of the pipeline's order and a topological order of its nodes. Raises
+    ``ScheduleError`` for an order that misses or repeats actions or deadlocks."""
+    assert pipe.order is not None, "a Plan resolves every pipeline's order when it is made"
+    graph = build_graph(pipe.forward, pipe.backward, pipe.order, pp=config.parallel.pp,
+                        chunks=config.parallel.virtual_stages, where=where)
+    return graph, topological_order(graph, where)
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise ``PlanError`` (or ``ScheduleError``) naming the first problem; return None for a valid plan."""
     check_groups(plan)
     for p, pipe in enumerate(plan.pipelines):
-        pipeline_graph(pipe, plan.config, cost, where=f"pipelines[{p}]")
+        schedule_graph(pipe, plan.config, where=f"pipelines[{p}]")

@@ -1,7 +1,9 @@
 """Plan files: versioned, self-contained JSON (format described in docs/plan-format.md).
 
 Reading checks the *shape* of the file (fields, types, versions) and names the offending entry;
-the semantic checks (coverage, ordering, dependencies) are ``slimpack.plan.check``'s job.
+the semantic checks (coverage, ordering, dependencies) are ``slimpack.plan.check``'s job. A
+pipeline whose ``order`` is null gets the default schedule once, as the plan is read (``Plan``
+resolves it from the config inside the file), so a plan is written back with every order spelt out.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 from slimpack.config import Config
 from slimpack.errors import UserError
 from slimpack.files import read_data_file
-from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
+from slimpack.schedule.actions import Action
 
 PLAN_FORMAT = "slimpack-plan"
 PLAN_VERSION = 1
@@ -38,12 +41,13 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def _pipeline_to_dict(pipe: PipelinePlan) -> dict[str, Any]:
+    assert pipe.order is not None, "a Plan resolves every pipeline's order when it is made"
     return {
         "replicas": list(pipe.replicas),
         "cp": pipe.cp,
         "forward": [[list(s) for s in group] for group in pipe.forward],
         "backward": [[list(s) for s in group] for group in pipe.backward],
-        "order": None if pipe.order is None else [[str(a) for a in stage] for stage in pipe.order],
+        "order": [[str(a) for a in stage] for stage in pipe.order],
         "formations": None if pipe.formations is None else list(pipe.formations),
     }
 

@@ -3,17 +3,24 @@
 Semantics (DESIGN.md §3): a *slice* ``(sample_id, start, end)`` is the token range [start, end) of a
 sample; its attention covers keys [0, end) of that sample. A *group* is an ordered tuple of slices
 run as one unit on a stage. Each pipeline has forward groups and backward groups that partition the
-same slices; ``order`` gives each stage's action sequence (``None``: the default schedule).
+same slices; ``order`` gives each stage's action sequence, always set inside a ``Plan`` (a planner
+or plan file that leaves it out gets the default schedule, resolved once when the plan is made).
 Must not import torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
 from slimpack.config import Config
-from slimpack.errors import UserError
+from slimpack.cost import CostModel
+from slimpack.schedule.actions import Action, Order
+from slimpack.schedule.default import default_order
+
+__all__ = ["Action", "Formation", "Group", "PipelinePlan", "Plan", "Sample", "Slice", "segments",
+           "with_default_orders"]
 
 
 class Slice(NamedTuple):
@@ -45,26 +52,6 @@ def segments(group: tuple[Slice, ...] | list[Slice]) -> list[tuple[int, int]]:
 Formation = Literal["slim", "mix", "pack"]
 
 
-class Action(NamedTuple):
-    """One unit of work on a stage: forward (``F``) or backward (``B``) of a group, on a model chunk
-    (chunk > 0 only under interleaved 1F1B). Text form: ``F3``, ``B5``, ``F3.1`` (chunk 1)."""
-
-    kind: Literal["F", "B"]
-    group: int
-    chunk: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.kind}{self.group}" + (f".{self.chunk}" if self.chunk else "")
-
-    @staticmethod
-    def parse(text: str) -> Action:
-        kind, rest = text[:1], text[1:]
-        group_text, _, chunk_text = rest.partition(".")
-        if kind not in ("F", "B") or not group_text.isdecimal() or (chunk_text and not chunk_text.isdecimal()):
-            raise UserError(f"bad action {text!r}: expected F<group> or B<group>, optionally .<chunk>")
-        return Action(kind, int(group_text), int(chunk_text) if chunk_text else 0)  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sample:
     id: int
@@ -85,8 +72,9 @@ class PipelinePlan:
     """Forward groups in execution order."""
     backward: tuple[Group, ...]
     """Backward groups in execution order (a partition of the same slices)."""
-    order: tuple[tuple[Action, ...], ...] | None = None
-    """Per stage, the action sequence; None means the default schedule for these groups."""
+    order: Order | None = None
+    """Per stage, the action sequence. None only before the pipeline is put in a ``Plan``, which
+    replaces it with the default schedule for these groups (``schedule.default_order``)."""
     formations: tuple[Formation, ...] | None = None
     """Per forward group, how it was formed (SlimPack reports slim/mix/pack)."""
 
@@ -107,5 +95,20 @@ class Plan:
     info: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Planner diagnostics (time taken, solver status, chosen knobs); not needed to check or run."""
 
+    def __post_init__(self) -> None:
+        # a plan carries its schedule: every pipeline's order is resolved once, here, so nothing
+        # that reads the plan (checker, simulator, runtime) needs a cost model to know what runs when
+        if any(pipe.order is None for pipe in self.pipelines):
+            object.__setattr__(self, "pipelines", with_default_orders(self.pipelines, self.config))
+
     def sample_lengths(self) -> dict[int, int]:
         return {s.id: s.length for s in self.samples}
+
+
+def with_default_orders(pipelines: Sequence[PipelinePlan], config: Config) -> tuple[PipelinePlan, ...]:
+    """``pipelines`` with each missing order replaced by the default schedule, whose memory cap comes
+    from the cost model of ``config`` (the plan's own config, so a plan file resolves alone)."""
+    cost = CostModel(config)
+    return tuple(pipe if pipe.order is not None else replace(pipe, order=default_order(
+        pipe.forward, pipe.backward, cp=pipe.cp, config=config, cost=cost, where=f"pipelines[{p}]"))
+        for p, pipe in enumerate(pipelines))

@@ -18,8 +18,9 @@ Shape suffixes on tensors (DESIGN.md §4): T tokens (packed), H query heads, K k
 D head dim, E model width (hidden), F MLP width, V vocabulary, N segments.
 """
 
+from slimpack.errors import ScheduleError
 from slimpack.runtime.attention import available_backends, varlen_attention
-from slimpack.runtime.executor import ScheduleError, StageExecutor
+from slimpack.runtime.executor import StageExecutor
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import ModelStage, Transformer, build_model

@@ -2,17 +2,15 @@
 
 Every rank of the mesh (``runtime.mesh``) builds the executors of its model chunks (chunk v = c x pp
 + stage, c < virtual stages) for each pipeline its replica runs, then walks its stage's action list
-(``pipeline.order[stage]``, or ``schedule.default_order`` exactly as the simulator uses it):
+(``pipeline.order[stage]``; a ``Plan`` always carries it) lowered by ``schedule.lowering`` into
+receive / compute / send steps: ``F g`` receives the group's activation (forward-group tokens x
+hidden) from the previous virtual stage and sends its output to the next; ``B g`` receives the
+output gradient (backward-group tokens x hidden) from the next and sends its input gradient back.
+Shapes come from the plan and dtype from the model, so no shape handshake is needed. Sends do not
+block (a stage goes on computing while its output travels); receives do. ``runtime.p2p`` posts
+each rank's sends and receives in one global order that both ends of every link share, which is
+what keeps NCCL (which ignores tags) from deadlocking. Then:
 
-- ``F g`` on a chunk > 0 receives the group's activation (forward-group tokens x hidden) from the
-  previous stage; a chunk < last sends its output to the next stage. ``B g`` on a chunk < last
-  receives the output gradient (backward-group tokens x hidden) from the next stage; a chunk > 0
-  sends its input gradient back. Shapes come from the plan and dtype from the model, so no shape
-  handshake is needed. Sends are ``isend`` (a stage goes on computing while its output travels);
-  the sent tensor is dropped as soon as the send completes. Receives block: the action cannot
-  run without its input. Each transfer has a tag naming (pipeline, kind, group, chunk), so gloo
-  matches them whatever the order. (NCCL ignores tags and matches by order: there, a stage must
-  receive in the order its neighbour sends; this path has not been run on GPUs.)
 - After the last action, gradients are summed over each stage's replicas (``all_reduce`` on the
   stage's DP group). The loss is normalised by the loss tokens of the whole global batch, so the
   sum equals the single-process gradient of ``verify`` exactly (up to summation order).
@@ -37,20 +35,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from slimpack.plan.types import Action, PipelinePlan, Plan
+from slimpack.plan.types import PipelinePlan, Plan
 from slimpack.runtime.executor import StageExecutor
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
 from slimpack.runtime.model import ModelStage, Transformer
+from slimpack.runtime.p2p import PeerFailure, PipelineLinks
+from slimpack.schedule.lowering import Transfer, lower_action, walk
 from slimpack.sim.result import Span
 
 DEFAULT_TIMEOUT_S = 300.0
 EXIT_PEER_FAILURE = 3
-
-
-class PeerFailure(RuntimeError):
-    """Another rank died, hung, or failed: this rank cannot finish the step."""
 
 
 def init(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -164,9 +160,6 @@ class RankRuntime:
 
     def _step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool,
               optimizer_step: bool) -> StepResult:
-        from slimpack.cost import CostModel
-        from slimpack.schedule.default import default_order
-
         self.mesh.check_plan(plan)
         if plan.config.parallel.virtual_stages * self.mesh.pp != self.num_chunks:
             raise ValueError(f"the plan has {plan.config.parallel.virtual_stages} virtual stages, this runtime "
@@ -179,8 +172,6 @@ class RankRuntime:
         began = time.perf_counter()
         result = StepResult(loss=0.0)
         loss = torch.zeros((), dtype=torch.float64)
-        cost = CostModel(plan.config)
-        num_groups = max((max(len(p.forward), len(p.backward)) for p in plan.pipelines), default=1)
         peaks = []
         for index in self.mesh.pipelines_of(plan, self.rank):
             pipe = plan.pipelines[index]
@@ -192,8 +183,7 @@ class RankRuntime:
                 num_loss_tokens=num_loss, backend=self.backend, name=f"pipeline {index} stage {self.stage}",
                 tracker=ActivationTracker(exclude=self.parameters) if track_memory else None)
                 for v in self.chunk_ids}
-            order = default_order(pipe, plan.config, cost, where=f"pipelines[{index}]")[self.stage]
-            loss += self._run_pipeline(index, pipe, executors, order, num_groups, began, result)
+            loss += self._run_pipeline(index, pipe, executors, began, result)
             peaks += [e.tracker.peak_bytes for e in executors.values() if e.tracker is not None]
         result.peak_activation_bytes = max(peaks, default=0)
         compute_end = time.perf_counter()
@@ -202,82 +192,53 @@ class RankRuntime:
         dist.all_reduce(loss_t)  # only last-stage ranks hold a loss; the sum is the global loss
         result.loss = float(loss_t)
         sync_end = time.perf_counter()
-        result.spans.append(Span(self.replica, self.stage, "sync", -1, 0, compute_end - began, sync_end - began, 0))
+        # the pipeline this rank's replica belongs to (under DP-Merge, not the replica's own index)
+        pipeline = next(i for i, pipe in enumerate(plan.pipelines) if self.replica in pipe.replicas)
+        result.spans.append(Span(pipeline, self.stage, "sync", -1, 0, compute_end - began, sync_end - began, 0))
         if optimizer_step and self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         end = time.perf_counter()
-        result.spans.append(Span(self.replica, self.stage, "optim", -1, 0, sync_end - began, end - began, 0))
+        result.spans.append(Span(pipeline, self.stage, "optim", -1, 0, sync_end - began, end - began, 0))
         return result
 
-    def _tag(self, pipeline: int, kind: str, group: int, sender_chunk: int, num_groups: int) -> int:
-        return ((pipeline * 2 + (kind == "B")) * num_groups + group) * self.num_chunks + sender_chunk
-
     def _run_pipeline(self, index: int, pipe: PipelinePlan, executors: Mapping[int, StageExecutor],
-                      order: tuple[Action, ...], num_groups: int, began: float, result: StepResult) -> torch.Tensor:
-        last = self.num_chunks - 1
-        pending: list[tuple[dist.Work, torch.Tensor]] = []
-        local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-over between chunks of this rank
+                      began: float, result: StepResult) -> torch.Tensor:
+        assert pipe.order is not None, "a Plan resolves every pipeline's order when it is made"
+        pp, chunks = self.mesh.pp, self.num_chunks // self.mesh.pp
+        tokens = {kind: [sum(s.end - s.start for s in g) for g in groups]
+                  for kind, groups in (("F", pipe.forward), ("B", pipe.backward))}
+
+        def rows(transfer: Transfer) -> int:
+            return tokens[transfer.kind][transfer.group]
+
+        links = PipelineLinks(walk(pipe.order, chunks=chunks, where=f"pipelines[{index}]"), stage=self.stage,
+                              pp=pp, rank_of_stage=lambda stage: self.mesh.rank(self.replica, stage), rows=rows,
+                              hidden=self.hidden, dtype=self.dtype, device=self.device)
         loss = torch.zeros((), dtype=torch.float64)
-        forward_tokens = [sum(s.end - s.start for s in g) for g in pipe.forward]
-        backward_tokens = [sum(s.end - s.start for s in g) for g in pipe.backward]
-
-        def receive(kind: str, group: int, sender: int, rows: int) -> torch.Tensor:
-            key = (kind, group, sender)
-            if key in local:
-                return local.pop(key)
-            src = self.mesh.rank(self.replica, sender % self.mesh.pp)
-            buffer = torch.empty((rows, self.hidden), dtype=self.dtype, device=self.device)
-            waited = time.perf_counter()
-            try:
-                dist.recv(buffer, src=src, tag=self._tag(index, kind, group, sender, num_groups))
-            except RuntimeError as exc:
-                raise PeerFailure(f"rank {self.rank}: receiving {kind}{group} from rank {src} failed "
-                                  f"(that rank died or timed out): {str(exc).splitlines()[0]}") from exc
-            result.wait_s += time.perf_counter() - waited
-            return buffer
-
-        def send(kind: str, group: int, sender: int, receiver: int, tensor: torch.Tensor) -> None:
-            dst = self.mesh.rank(self.replica, receiver % self.mesh.pp)
-            if dst == self.rank:
-                local[(kind, group, sender)] = tensor
-                return
-            pending.append((dist.isend(tensor.contiguous(), dst=dst,
-                                       tag=self._tag(index, kind, group, sender, num_groups)), tensor))
-
-        def reap() -> None:  # drop sent tensors whose transfer has completed
-            pending[:] = [(w, t) for w, t in pending if not w.is_completed()]
-
-        for action in order:
-            v = action.chunk * self.mesh.pp + self.stage
-            executor = executors[v]
+        for action in pipe.order[self.stage]:
+            received = None
             start = time.perf_counter()
-            if action.kind == "F":
-                x = None if v == 0 else receive("F", action.group, v - 1, forward_tokens[action.group])
-                start = time.perf_counter()
-                out = executor.forward(action.group, x)
-                del x
-                if v == last:
-                    loss += out.sum().double().cpu() / max(executor.num_loss_tokens, 1)
+            for step in lower_action(action, self.stage, pp=pp, chunks=chunks):
+                executor = executors[step.vstage]
+                if step.op == "recv":
+                    received = links.receive(step.transfer)  # type: ignore[arg-type]
+                    start = time.perf_counter()
+                elif step.op == "compute" and action.kind == "F":
+                    out = executor.forward(action.group, received)
+                    if step.vstage == self.num_chunks - 1:
+                        loss += out.sum().double().cpu() / max(executor.num_loss_tokens, 1)
+                elif step.op == "compute":
+                    out = executor.backward(action.group, received)
                 else:
-                    send("F", action.group, v, v + 1, out)
-                tokens = forward_tokens[action.group]
-            else:
-                grad = None if v == last else receive("B", action.group, v + 1, backward_tokens[action.group])
-                start = time.perf_counter()
-                grad_in = executor.backward(action.group, grad)
-                del grad
-                if v > 0:
-                    assert grad_in is not None
-                    send("B", action.group, v, v - 1, grad_in)
-                tokens = backward_tokens[action.group]
-            end = time.perf_counter()
+                    links.send(step.transfer, out)  # type: ignore[arg-type]
+                if step.op == "compute":
+                    del received
+                    end = time.perf_counter()
             result.spans.append(Span(index, self.stage, action.kind, action.group, action.chunk,
-                                     start - began, end - began, tokens))
-            reap()
-        for work, _ in pending:
-            work.wait()
-        pending.clear()
+                                     start - began, end - began, tokens[action.kind][action.group]))
+        links.finish()
+        result.wait_s += links.wait_s
         for executor in executors.values():
             if not executor.finished:
                 raise RuntimeError(f"{executor.name}: the order leaves slices without backward, e.g. "

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from slimpack.errors import ScheduleError
 from slimpack.plan.types import Slice
 from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
 from slimpack.runtime.cells import CellSpec, GroupLayout, Run, fmt_slice
@@ -42,10 +43,6 @@ from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import ModelStage
 from slimpack.runtime.ops import rope_tables
-
-
-class ScheduleError(RuntimeError):
-    """An action was run before one of its dependencies (DESIGN.md §3), or twice."""
 
 
 @dataclass(frozen=True, slots=True)

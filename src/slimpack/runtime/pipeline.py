@@ -3,9 +3,10 @@
 ``run_in_order`` runs a list of actions, each through every stage (forward: first to last stage;
 backward: last to first) — the natural valid order for one process is all forward groups, then all
 backward groups. ``run_stage_orders`` runs per-stage action lists (a plan's ``order``, possibly
-interleaved with virtual stages) as a pipeline would: a stage's next action runs once its input
-(activation from the stage before, or gradient from the stage after) has arrived; if no stage can
-move, the order deadlocks and a ``ScheduleError`` says where each stage is waiting.
+interleaved with virtual stages) as a pipeline would, lowered into receive / compute / send steps
+by ``schedule.lowering``: a stage's next action runs once its input (activation from the stage
+before, or gradient from the stage after) has been sent; if no stage can move, the order deadlocks
+and a ``ScheduleError`` shows where each stage is waiting.
 The distributed runtime replaces the hand-over with P2P transfers; the executors are the same.
 """
 
@@ -15,10 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from slimpack.errors import ScheduleError
 from slimpack.plan.types import Action, PipelinePlan
-from slimpack.runtime.executor import ScheduleError, StageExecutor
+from slimpack.runtime.executor import StageExecutor
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import Transformer
+from slimpack.schedule.lowering import Transfer, lower_action, walk
 
 
 def build_executors(model: Transformer, pipeline: PipelinePlan, *, num_chunks: int,
@@ -75,46 +78,30 @@ def run_in_order(executors: Sequence[StageExecutor], actions: Sequence[Action | 
 
 def run_stage_orders(executors: Sequence[StageExecutor], order: Sequence[Sequence[Action | str]]) -> torch.Tensor:
     """Run per-stage action lists (``order[stage]``; action chunk c of stage s is executor
-    c·pp + s); returns the summed loss. Raises ``ScheduleError`` on a deadlock or unfinished work."""
+    c·pp + s) in the order ``schedule.lowering.walk`` gives, handing each transfer over in memory;
+    returns the summed loss. Raises ``ScheduleError`` on a deadlock (before running anything) or
+    unfinished work."""
     pp = len(order)
     if len(executors) % pp:
         raise ValueError(f"{len(executors)} model chunks cannot be spread over {pp} stages")
-    last = len(executors) - 1
-    queues = [[Action.parse(a) if isinstance(a, str) else a for a in stage] for stage in order]
-    position = [0] * pp
-    activations: dict[tuple[int, int], torch.Tensor] = {}  # (chunk v, group) -> output of v
-    gradients: dict[tuple[int, int], torch.Tensor] = {}  # (chunk v, group) -> input grad of v
+    chunks = len(executors) // pp
+    actions = [[Action.parse(a) if isinstance(a, str) else a for a in stage] for stage in order]
+    mailbox: dict[Transfer, torch.Tensor] = {}
     loss = torch.zeros((), dtype=executors[0].dtype, device=executors[0].device)
-    while any(position[s] < len(queues[s]) for s in range(pp)):
-        moved = False
-        for s in range(pp):
-            if position[s] == len(queues[s]):
-                continue
-            action = queues[s][position[s]]
-            v = action.chunk * pp + s
-            if not 0 <= v <= last:
-                raise ScheduleError(f"{action} on stage {s}: chunk {action.chunk} does not exist")
-            if action.kind == "F":
-                if v > 0 and (v - 1, action.group) not in activations:
-                    continue
-                out = executors[v].forward(action.group, activations.pop((v - 1, action.group), None))
-                if v == last:
-                    loss = loss + out.sum() / max(executors[v].num_loss_tokens, 1)
-                else:
-                    activations[(v, action.group)] = out
+    for device, index in walk(actions, chunks=chunks, where="pipeline").computes:
+        received = None
+        for step in lower_action(actions[device][index], device, pp=pp, chunks=chunks):
+            executor = executors[step.vstage]
+            if step.op == "recv":
+                received = mailbox.pop(step.transfer)  # type: ignore[arg-type]
+            elif step.op == "compute" and step.action.kind == "F":
+                out = executor.forward(step.action.group, received)
+                if step.vstage == len(executors) - 1:
+                    loss = loss + out.sum() / max(executor.num_loss_tokens, 1)
+            elif step.op == "compute":
+                out = executor.backward(step.action.group, received)
             else:
-                if v < last and (v + 1, action.group) not in gradients:
-                    continue
-                grad = executors[v].backward(action.group, gradients.pop((v + 1, action.group), None))
-                if v > 0:
-                    assert grad is not None
-                    gradients[(v, action.group)] = grad
-            position[s] += 1
-            moved = True
-        if not moved:
-            waiting = ", ".join(f"stage {s} at {queues[s][position[s]]}" for s in range(pp)
-                                if position[s] < len(queues[s]))
-            raise ScheduleError(f"the action order deadlocks: {waiting} wait for inputs that never come")
+                mailbox[step.transfer] = out  # type: ignore[index]
     for executor in executors:
         if not executor.finished:
             left = executor.unfinished()

@@ -4,8 +4,8 @@ The plan's samples keep their lengths (tokens are tokens); only the model is swa
 one (``tiny`` by default) so the check runs on a CPU. Tokens are random, drawn per sample from
 (seed, sample id). Every pipeline of the plan runs on the same parameters, so gradients add up over
 pipelines as data-parallel all-reduce would; the loss is normalised by the loss tokens of all of the
-plan's (non-deferred) samples. A pipeline with an explicit per-stage ``order`` runs in that order
-(which checks the order too); otherwise all forward groups, then all backward groups.
+plan's (non-deferred) samples. Each pipeline runs in its per-stage ``order`` (which checks the order
+too; a plan always carries one), or with ``use_order=False`` all forward groups, then all backward groups.
 
 Errors: the loss's relative difference, and per parameter max|g − g_ref| / max|g_ref| (relative to
 the largest reference entry, so entries near zero do not blow it up; floored at ``RELATIVE_FLOOR``
@@ -145,7 +145,7 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
         executors = build_executors(net, pipe, num_chunks=num_chunks, sample_lengths=lengths, tokens=tokens,
                                     num_loss_tokens=num_loss, backend=backend, track_memory=track_memory,
                                     stages_per_pipeline=par.pp, stage_layers=par.stage_layers)
-        if use_order and pipe.order is not None:
+        if use_order:
             loss = loss + run_stage_orders(executors, pipe.order)
             ordered += 1
         else:

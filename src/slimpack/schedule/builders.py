@@ -6,6 +6,7 @@ All builders return ``tuple[tuple[Action, ...], ...]`` indexed by pipeline stage
   pp-s-1 warm-up forwards, then alternates one forward and one backward, then drains.
 - ``interleaved_1f1b``: Megatron's interleaved schedule with v model chunks per stage (ibid., §2.2);
   bubble (p-1)/(v·m) of the ideal time.
+- ``slice_1f1b``: SlimPipe's 1F1B at slice granularity (Li et al., 2025, arXiv 2504.14519).
 - ``dependency_aware``: 1F1B generalised to plans whose backward groups differ from the forward
   groups (asymmetric partitioning) or whose groups hold chained slices of one sample. Before its
   i-th backward a stage must have run every forward that backward group depends on (``need``), and
@@ -21,9 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from slimpack.plan.types import Action, Group
-
-Order = tuple[tuple[Action, ...], ...]
+from slimpack.schedule.actions import Action, Order, SliceKey
 
 
 def gpipe(num_groups: int, pp: int) -> Order:
@@ -37,18 +36,18 @@ def one_f_one_b(num_groups: int, pp: int) -> Order:
     return dependency_aware(need, num_forward=num_groups, pp=pp)
 
 
-def backward_needs(forward: Sequence[Group], backward: Sequence[Group]) -> list[int]:
+def backward_needs(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]]) -> list[int]:
     """For each backward group i, how many forward groups must have run before B_i on any stage:
     1 + the last forward group holding a slice of backward groups 0..i (a prefix maximum, because
     backward groups run in order)."""
     group_of: dict[tuple[int, int], int] = {}
     for g, group in enumerate(forward):
-        for s in group:
-            group_of[(s.sample_id, s.start)] = g
+        for sample_id, start, _ in group:
+            group_of[(sample_id, start)] = g
     need, running = [], 0
     for group in backward:
-        for s in group:
-            running = max(running, group_of[(s.sample_id, s.start)] + 1)
+        for sample_id, start, _ in group:
+            running = max(running, group_of[(sample_id, start)] + 1)
         need.append(running)
     return need
 
@@ -117,6 +116,24 @@ def interleaved_1f1b(num_groups: int, pp: int, chunks: int) -> Order:
             actions.append(unit(warmup + i, False))
             actions.append(unit(i, True))
         actions.extend(unit(k, True) for k in range(total - warmup, total))
+        orders.append(tuple(actions))
+    return tuple(orders)
+
+
+def slice_1f1b(num_groups: int, pp: int, n: int) -> Order:
+    """SlimPipe's slice-level 1F1B (``strategies.slimpipe``), for sequences cut into ``n`` slices each.
+    Per stage: n + pp - 1 - s warm-up forwards, then one backward and one forward, then the drain.
+    Before backward i every stage has run i + n + pp - 1 - s >= i + n forwards: all the slices of
+    the sequence that backward i belongs to (a sequence's backwards start after its n forwards), and
+    more than the stage after it, so the order cannot deadlock. n = 1 is plain 1F1B."""
+    orders = []
+    for stage in range(pp):
+        warm_up = min(num_groups, n + pp - 1 - stage)
+        actions = [Action("F", g) for g in range(warm_up)]
+        for i in range(num_groups):
+            actions.append(Action("B", i))
+            if warm_up + i < num_groups:
+                actions.append(Action("F", warm_up + i))
         orders.append(tuple(actions))
     return tuple(orders)
 

@@ -3,8 +3,8 @@ checker and the simulator.
 
 Nodes are (device, position in that device's order). Edges:
 - ``seq``: the previous action of the same device (a device runs its order one action at a time);
-- ``p2p``: F of a group on virtual stage v after its F on v-1, B on v after B on v+1 (activation or
-  gradient sent between devices);
+- ``p2p``: an action after the action whose output it receives (``schedule.lowering``: F of a group
+  on virtual stage v after its F on v-1, B on v after B on v+1);
 - ``dep``: data dependencies on one virtual stage: F of a sample's slice after F of its earlier
   slices; B of a slice after B of its later slices; on the last virtual stage, B of a group after F
   of every group holding its slices.
@@ -13,16 +13,14 @@ Must not import torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slimpack.errors import InvalidPlanError
-from slimpack.plan.types import Action, PipelinePlan
+from slimpack.errors import ScheduleError
+from slimpack.schedule.actions import Action, Order, SliceKey
+from slimpack.schedule.lowering import deadlock_message, input_source
 
 SEQ, P2P, DEP = 0, 1, 2
-
-
-class ScheduleError(InvalidPlanError):
-    """An order that misses or repeats actions, or that deadlocks."""
 
 
 @dataclass(slots=True)
@@ -61,11 +59,13 @@ def _check_actions(order: tuple[tuple[Action, ...], ...], num_forward: int, num_
         raise ScheduleError(f"{where}: stage {stage} never runs {example} ({len(missing)} action(s) missing)")
 
 
-def build_graph(pipeline: PipelinePlan, order: tuple[tuple[Action, ...], ...], *, pp: int, chunks: int,
-                where: str = "pipeline") -> ActionGraph:
+def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,
+                pp: int, chunks: int, where: str = "pipeline") -> ActionGraph:
+    """The graph of ``order`` over a pipeline's ``forward`` and ``backward`` groups. Raises
+    ``ScheduleError`` for an order that misses or repeats actions (a cycle shows in ``topological_order``)."""
     if len(order) != pp:
         raise ScheduleError(f"{where}: order has {len(order)} stage(s), the layout has pp={pp}")
-    _check_actions(order, len(pipeline.forward), len(pipeline.backward), chunks, where)
+    _check_actions(order, len(forward), len(backward), chunks, where)
     nodes = [(device, action) for device, actions in enumerate(order) for action in actions]
     # (kind, group, virtual stage) -> node
     index = {(kind, group, chunk * pp + device): node
@@ -78,14 +78,12 @@ def build_graph(pipeline: PipelinePlan, order: tuple[tuple[Action, ...], ...], *
         pos += len(actions)
     last = pp * chunks - 1
     for (kind, group, vstage), node in index.items():
-        if kind == "F":
-            if vstage > 0:
-                preds[node].append((index[("F", group, vstage - 1)], P2P))
-        elif vstage < last:
-            preds[node].append((index[("B", group, vstage + 1)], P2P))
+        source = input_source(kind, vstage, last + 1)
+        if source is not None:
+            preds[node].append((index[(kind, group, source)], P2P))
     # data dependencies between slices of one sample, on every virtual stage
-    f_group = {(s.sample_id, s.start): g for g, grp in enumerate(pipeline.forward) for s in grp}
-    b_group = {(s.sample_id, s.start): g for g, grp in enumerate(pipeline.backward) for s in grp}
+    f_group = {(sid, start): g for g, grp in enumerate(forward) for sid, start, _ in grp}
+    b_group = {(sid, start): g for g, grp in enumerate(backward) for sid, start, _ in grp}
     chains: dict[int, list[tuple[int, int]]] = {}
     for sample_id, start in f_group:
         chains.setdefault(sample_id, []).append((start, sample_id))
@@ -130,14 +128,21 @@ def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
             if missing[nxt] == 0:
                 ready.append(nxt)
     if len(out) < num:
-        done = set(out)
-        stuck = []
-        for node in range(num):
-            device, action = graph.nodes[node]
-            seq_done = all(p in done for p, kind in graph.preds[node] if kind == SEQ)
-            if node not in done and seq_done:
-                waits = [graph.nodes[p] for p, kind in graph.preds[node] if kind != SEQ and p not in done]
-                what = ", ".join(f"{a} on stage {d}" for d, a in waits[:2])
-                stuck.append(f"stage {device} waits at {action} for {what}")
-        raise ScheduleError(f"{where}: the order deadlocks: " + "; ".join(stuck[:4]))
+        raise ScheduleError(_deadlock(graph, set(out), where))
     return out
+
+
+def _deadlock(graph: ActionGraph, done: set[int], where: str) -> str:
+    """Where each device stands (a device's done nodes are a prefix of its order) and what its first
+    waiting action waits for, as ``lowering.deadlock_message`` shows it."""
+    order: list[list[Action]] = [[] for _ in range(graph.pp)]
+    position = [0] * graph.pp
+    waits: dict[int, str] = {}
+    for node, (device, action) in enumerate(graph.nodes):
+        order[device].append(action)
+        if node in done:
+            position[device] += 1
+        elif device not in waits:
+            missing = [graph.nodes[p] for p, kind in graph.preds[node] if kind != SEQ and p not in done]
+            waits[device] = ", ".join(f"{a} on stage {d}" for d, a in missing[:2])
+    return deadlock_message(order, position, waits, where=where)

@@ -20,10 +20,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from slimpack.cost import CostModel, model_training_flops
-from slimpack.plan.check import check_groups
+from slimpack.plan.check import check_groups, schedule_graph
 from slimpack.plan.types import Group, Plan, segments
 from slimpack.schedule.dag import P2P
-from slimpack.schedule.default import pipeline_graph
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
 GroupArrays = tuple[np.ndarray, np.ndarray, int]
@@ -53,7 +52,7 @@ class _PipelineRun:
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self.fwd = _group_arrays(pipe.forward)
         self.bwd = _group_arrays(pipe.backward)
-        graph, topo = pipeline_graph(pipe, plan.config, cost, where=f"pipelines[{index}]")
+        graph, topo = schedule_graph(pipe, plan.config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
         self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
         self.tokens = [(self.fwd if a.kind == "F" else self.bwd)[a.group][2] for _, a in graph.nodes]

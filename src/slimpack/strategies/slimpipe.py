@@ -6,7 +6,7 @@ replicas) are each cut uniformly into ``n`` slices at ``slice_align`` boundaries
 1F1B at slice granularity: a sequence's forward slices in order, its backward slices in reverse, so
 the last stage runs every forward slice of a sequence before the first of its backwards. In a Plan
 that is forward groups = the slices in order and backward groups = the same slices with each
-sequence's slices reversed, run by SlimPipe's slice-level 1F1B (``slice_1f1b``): stage s runs
+sequence's slices reversed, run by SlimPipe's slice-level 1F1B (``schedule.builders.slice_1f1b``): stage s runs
 n + pp - 1 - s forward slices before its first backward, then alternates one backward and one
 forward, so a stage holds the activations of at most (n + pp - 1)/n sequences instead of pp. Slicing shrinks the activation memory of one unit by n and the warm-up bubble with it.
 ``n`` is chosen per step by simulating each candidate and keeping the fastest that fits in memory
@@ -22,8 +22,8 @@ from dataclasses import replace
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.errors import UserError
-from slimpack.plan.types import Action, Group, PipelinePlan, Plan, Sample, Slice
-from slimpack.schedule import Order
+from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice
+from slimpack.schedule.builders import slice_1f1b
 from slimpack.sim import simulate
 from slimpack.strategies.fixed import pack_fixed_length
 
@@ -46,23 +46,6 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int) -> list[Group]
             offset += s.tokens
         groups.append(tuple(pieces))
     return groups
-
-
-def slice_1f1b(num_groups: int, pp: int, n: int) -> Order:
-    """Per stage: n + pp - 1 - s warm-up forwards, then one backward and one forward, then the drain.
-    Before backward i every stage has run i + n + pp - 1 - s >= i + n forwards: all the slices of
-    the sequence that backward i belongs to (a sequence's backwards start after its n forwards), and
-    more than the stage after it, so the order cannot deadlock. n = 1 is plain 1F1B."""
-    orders = []
-    for stage in range(pp):
-        warm_up = min(num_groups, n + pp - 1 - stage)
-        actions = [Action("F", g) for g in range(warm_up)]
-        for i in range(num_groups):
-            actions.append(Action("B", i))
-            if warm_up + i < num_groups:
-                actions.append(Action("F", warm_up + i))
-        orders.append(tuple(actions))
-    return tuple(orders)
 
 
 class SlimPipePlanner:

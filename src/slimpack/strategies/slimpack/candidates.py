@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from slimpack.cost import CostModel
 from slimpack.errors import UserError
 from slimpack.plan.types import Plan, Sample
-from slimpack.schedule.default import default_order
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
@@ -35,7 +34,7 @@ costs more than the planner's latency budget there, where SlimPack's margin is w
 
 def plan_peaks(plan: Plan, cost: CostModel) -> list[float]:
     """Per pipeline, the peak bytes of its most loaded device (exact, from the orders alone)."""
-    return [max(stage_peak_bytes(pipe, default_order(pipe, plan.config, cost), plan.config, cost))
+    return [max(stage_peak_bytes(pipe, pipe.order, plan.config, cost))  # a Plan carries its orders
             for pipe in plan.pipelines]
 
 
