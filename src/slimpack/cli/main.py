@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "train": "slimpack.cli.train",
     "calibrate": "slimpack.cli.calibrate",
     "fidelity": "slimpack.cli.fidelity",
+    "tune": "slimpack.cli.tune",
 }
 
 EXIT_INVALID_PLAN = 1

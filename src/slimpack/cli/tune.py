@@ -1,0 +1,87 @@
+"""``slimpack tune``: the best layout of each strategy on a GPU budget (logic in ``slimpack.tune``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from slimpack.cli.common import add_planner_arguments, config_from_args, positive_int
+from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, save_config
+from slimpack.data import load_dataset
+from slimpack.strategies import STRATEGIES
+from slimpack.tune import tune
+from slimpack.tune.report import best_rows, search_summary, to_json, write_report
+
+HELP = "search tp/pp/vpp/stage split/cp/dp/recomputation for each strategy's best layout on N GPUs"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", type=positive_int, required=True, metavar="N", help="GPUs to lay out")
+    parser.add_argument("--config", metavar="FILE", help="base config (model, cluster, batch, planner); its layout is searched")
+    parser.add_argument("--model", metavar="M", help=f"model preset ({', '.join(MODEL_PRESETS)}) or config.json")
+    parser.add_argument("--gpu", metavar="G", help=f"GPU/cluster preset ({', '.join(CLUSTER_PRESETS)})")
+    parser.add_argument("--dataset", default="wikipedia", metavar="D", help="bundled dataset or length file")
+    parser.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 128K)")
+    parser.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
+    parser.add_argument("--seed", type=int, help="seed for batch sampling")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
+                        help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
+    parser.add_argument("--steps", type=positive_int, default=1, metavar="S", help="consecutive steps per layout (default 1)")
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
+    parser.add_argument("--report", metavar="DIR", help="write tune.md, tune.json, tune.png and best-<strategy>.json")
+    parser.add_argument("--output", metavar="FILE", default="tune-config.json",
+                        help="the winning config, for --config of plan/compare/train (default tune-config.json)")
+    add_planner_arguments(parser)
+    # the layout and recomputation are what tune searches: config_from_args leaves the base's
+    parser.set_defaults(tp=None, pp=None, dp=None, cp=None, vpp=None, recompute=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    base = config_from_args(args)
+    dataset = load_dataset(args.dataset)
+    console = Console(stderr=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("enumerating layouts", total=None)
+        result = tune(base, dataset, args.gpus, strategies, steps=args.steps,
+                      on_candidates=lambda n: progress.update(task, total=n * len(strategies)),
+                      on_trial=lambda name, _trial: progress.update(task, advance=1, description=f"tuning {name}"))
+    out = Console(stderr=args.json == "-", width=200 if not sys.stdout.isatty() else None)
+    out.print(_table(best_rows(result), result))
+    for line in search_summary(result):
+        out.print(line, highlight=False)
+    winner = result.best_config()
+    if winner is not None:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        save_config(winner, args.output)
+        out.print(f"winning config: {args.output} (use it with --config in plan, compare or train)")
+    if args.json:
+        text = json.dumps(to_json(result), indent=2) + "\n"
+        sys.stdout.write(text) if args.json == "-" else Path(args.json).write_text(text)
+    if args.report:
+        out.print(f"report: {write_report(result, Path(args.report), ['slimpack', *args.argv])}")
+    return 0
+
+
+def _table(rows: list[dict], result) -> Table:
+    base = result.base
+    skipped = sum(result.skipped.values())
+    table = Table(title=f"{result.dataset}: {base.model.name} on {result.num_gpus}x {base.cluster.name}, "
+                        f"{base.train.max_context // 1024}K context, {result.steps} step(s) per layout; "
+                        f"{skipped} layouts cannot hold the model; {result.wall_s:.0f} s (simulated)")
+    for name in ("strategy", "best layout", "tokens/s", "efficiency", "vs fixed's best", "simulated", "pruned", "failed"):
+        table.add_column(name, justify="left" if name in ("strategy", "best layout") else "right")
+    top = max((r["tokens_per_s"] for r in rows), default=0)
+    for r in rows:
+        ratio = f"{r['vs_best_fixed']:.2f}x" if r["vs_best_fixed"] else "—"
+        table.add_row(r["strategy"], r["layout"] or "none fits", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['efficiency']:.3f}" if r["efficiency"] else "—", ratio, str(r["simulated"]),
+                      str(r["pruned"]), str(r["failed"]), style="bold green" if r["tokens_per_s"] == top and top else "")
+    return table

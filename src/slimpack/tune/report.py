@@ -1,0 +1,135 @@
+"""What ``tune`` shows: per strategy its best layout, the best-vs-best table, the search's counts,
+a chart of tokens/s over the layouts tried, and the winning configs as ``--config`` files.
+Must not import torch (matplotlib is imported only to draw the chart)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from slimpack.compare.run import BASELINE
+from slimpack.config import save_config
+from slimpack.tune.search import TuneResult
+
+GIB = 2**30
+
+
+def best_rows(result: TuneResult) -> list[dict[str, Any]]:
+    """One row per strategy: its best layout and figures, and its speed-up over the best layout of
+    the fixed-length baseline (best vs best)."""
+    rows = []
+    for tuning in result.strategies:
+        best, counts = tuning.best, tuning.counts()
+        rows.append({
+            "strategy": tuning.strategy,
+            "layout": best.layout.label() if best else None,
+            "tokens_per_s": best.tokens_per_s if best else 0.0,
+            "efficiency": best.efficiency if best else None,
+            "step_time_s": best.step_time_s if best else None,
+            "peak_memory_bytes": best.peak_memory_bytes if best else None,
+            "simulated": sum(n for status, n in counts.items() if status.startswith("simulated")),
+            "failed": sum(n for status, n in counts.items() if status.startswith("failed")),
+            "pruned": sum(n for status, n in counts.items() if status.startswith("pruned")),
+            "reasons": dict(counts.most_common()),
+            "search_s": sum(t.wall_s for t in tuning.trials),
+        })
+    base = next((r["tokens_per_s"] for r in rows if r["strategy"] == BASELINE), 0.0)
+    top = max((r["tokens_per_s"] for r in rows), default=0.0)
+    for row in rows:
+        row["vs_best_fixed"] = row["tokens_per_s"] / base if base else None
+        row["vs_best_overall"] = row["tokens_per_s"] / top if top else None
+    return rows
+
+
+def to_json(result: TuneResult) -> dict[str, Any]:
+    config = result.best_config()
+    return {"num_gpus": result.num_gpus, "dataset": result.dataset, "steps": result.steps,
+            "model": result.base.model.name, "max_context": result.base.train.max_context,
+            "global_batch_tokens": result.base.train.global_batch_tokens, "wall_s": result.wall_s,
+            "skipped_layouts": dict(result.skipped), "strategies": best_rows(result),
+            "best_config": config.to_dict() if config else None}
+
+
+def search_summary(result: TuneResult) -> list[str]:
+    """Lines that say what the search did: layouts skipped, simulated, pruned and failed, and why."""
+    lines = [f"{n:5d} x skipped (every strategy): {reason}" for reason, n in result.skipped.most_common()]
+    total: Counter[str] = Counter()
+    for tuning in result.strategies:
+        total.update(tuning.counts())
+    for status, n in total.most_common():
+        lines.append(f"{n:5d} x {status}")
+    return lines
+
+
+def markdown_table(result: TuneResult) -> str:
+    lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | simulated / pruned / failed |",
+             "|---|---|---:|---:|---:|---|"]
+    for r in best_rows(result):
+        if r["layout"] is None:
+            lines.append(f"| {r['strategy']} | none fits | — | — | — | {r['simulated']} / {r['pruned']} / {r['failed']} |")
+            continue
+        ratio = f"{r['vs_best_fixed']:.2f}x" if r["vs_best_fixed"] else "—"
+        lines.append(f"| {r['strategy']} | {r['layout']} | {r['tokens_per_s']:,.0f} | {r['efficiency']:.3f} | "
+                     f"{ratio} | {r['simulated']} / {r['pruned']} / {r['failed']} |")
+    return "\n".join(lines)
+
+
+def write_configs(result: TuneResult, directory: Path) -> list[Path]:
+    """``best-<strategy>.json`` per strategy that found a layout, and ``best.json`` overall."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for tuning in result.strategies:
+        config = result.best_config(tuning.strategy)
+        if config is not None:
+            paths.append(directory / f"best-{tuning.strategy}.json")
+            save_config(config, paths[-1])
+    return paths
+
+
+def throughput_chart(result: TuneResult, path: Path) -> None:
+    """Tokens/s of every simulated layout, per strategy, in the order the search tried them (the
+    search goes by rising time floor, so the cloud thins out to the right as layouts stop paying)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for tuning in result.strategies:
+        ok = [t for t in tuning.trials if t.ok]
+        if not ok:
+            continue
+        xs = range(1, len(ok) + 1)
+        line, = ax.plot(xs, [t.tokens_per_s / 1e3 for t in ok], marker="o", markersize=4, linestyle="none",
+                        label=tuning.strategy)
+        best = tuning.best
+        index = ok.index(best) + 1  # type: ignore[arg-type]
+        ax.plot([index], [best.tokens_per_s / 1e3], marker="*", markersize=12, color=line.get_color())  # type: ignore[union-attr]
+    par = result.base
+    ax.set_title(f"{result.dataset}: {par.model.name} on {result.num_gpus}x {par.cluster.name}, "
+                 f"{par.train.max_context // 1024}K context (simulated; star = best layout)", fontsize=10)
+    ax.set_xlabel("simulated layouts, in search order (rising time floor)")
+    ax.set_ylabel("thousand tokens / s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(result: TuneResult, directory: Path, command: list[str]) -> Path:
+    """``tune.md`` (table and how to reproduce), ``tune.json``, ``tune.png`` and the best configs."""
+    import json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    throughput_chart(result, directory / "tune.png")
+    configs = write_configs(result, directory)
+    (directory / "tune.json").write_text(json.dumps(to_json(result), indent=2) + "\n")
+    text = (f"# slimpack tune: {result.dataset}, {result.base.model.name}, {result.num_gpus} GPUs\n\n"
+            f"Simulated with the default cost model. Command: `{' '.join(command)}`\n\n"
+            f"{markdown_table(result)}\n\n![tokens/s over the layouts tried](tune.png)\n\n"
+            f"Best configs: {', '.join(f'`{p.name}`' for p in configs)}\n")
+    path = directory / "tune.md"
+    path.write_text(text)
+    return path

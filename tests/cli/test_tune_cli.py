@@ -1,0 +1,47 @@
+"""``slimpack tune`` end to end: table, JSON, report with chart, a winning config that compare reads;
+bad input is one line and exit 2."""
+
+import json
+
+import pytest
+
+from slimpack.cli.main import main
+from slimpack.config import load_config
+
+SMALL = ["tune", "--gpus", "4", "--model", "llama2-7b", "--max-context", "16K", "--global-batch-tokens", "128K",
+         "--strategies", "fixed,kk"]
+
+
+def test_tune_writes_table_json_report_and_a_usable_config(tmp_path, capsys):
+    out = tmp_path / "best.json"
+    assert main([*SMALL, "--json", "-", "--report", str(tmp_path / "rep"), "--output", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["strategy"]: r for r in data["strategies"]}
+    assert set(rows) == {"fixed", "kk"}
+    assert rows["fixed"]["vs_best_fixed"] == 1.0 and rows["kk"]["tokens_per_s"] > 0
+    assert rows["kk"]["simulated"] + rows["kk"]["pruned"] + rows["kk"]["failed"] > rows["kk"]["simulated"]
+    config = load_config(out)
+    assert config.parallel.num_devices == 4
+    assert config.to_dict() == data["best_config"]
+    for name in ("tune.md", "tune.json", "tune.png", "best-fixed.json", "best-kk.json"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0
+    assert main(["compare", "--config", str(out), "--steps", "1", "--strategies", "fixed", "--json", "-"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["strategies"]
+    assert row["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["tune", "--gpus", "0"], "expected a positive integer"),
+    (["tune", "--gpus", "8", "--strategies", "nope"], "unknown strategy 'nope'"),
+    (["tune", "--gpus", "8", "--model", "gpt-9"], "unknown model"),
+    (["tune", "--gpus", "1", "--model", "llama2-70b", "--max-context", "4K"], "no layout of 1 GPUs can hold"),
+    (["tune", "--gpus", "8", "--dataset", "no-such-data"], "no-such-data"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse rejects the flag itself
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
