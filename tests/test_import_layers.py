@@ -22,7 +22,9 @@ LAYERS = (
     ("sim",),
     ("strategies",),  # planners simulate candidate plans
     ("compare",),
+    ("tune",),  # searches layouts by comparing strategies
     ("runtime",),  # torch
+    ("integrations",),  # framework adapters; lazily use the runtime's planning loader
     ("cli",),
 )
 FLOOR = {name: floor for floor, names in enumerate(LAYERS) for name in names}

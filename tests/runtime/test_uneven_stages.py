@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import synthetic_batch
 from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
+from slimpack.plan.types import Sample
 from slimpack.runtime import build_model
 from slimpack.runtime.verify import verify_plan
 from slimpack.strategies import make_planner
@@ -22,17 +22,22 @@ def test_split_cuts_the_given_layer_ranges():
         net.split(3, (2, 2, 1))
 
 
-@pytest.mark.parametrize(("strategy", "pp", "vpp", "stage_layers"), [
-    ("slimpack", 3, 1, (2, 1, 1)),
-    ("slimpipe", 3, 1, (1, 2, 1)),
-    ("fixed", 2, 2, (1, 2, 1, 1)),  # interleaved: stage 0 runs chunks 0 and 2
+# 384 tokens: four 96-token sequences for the fixed-length baseline, a multiple of pp = 2 as
+# interleaved 1F1B needs
+BATCH = [Sample(id=i, length=n) for i, n in enumerate((96, 60, 36, 80, 16, 96))]
+
+
+@pytest.mark.parametrize(("strategy", "pp", "dp", "vpp", "stage_layers"), [
+    ("slimpack", 3, 2, 1, (2, 1, 1)),
+    ("slimpipe", 3, 2, 1, (1, 2, 1)),
+    ("fixed", 2, 1, 2, (1, 2, 1, 1)),  # interleaved: stage 0 runs chunks 0 and 2
 ])
-def test_uneven_plans_match_the_reference_in_float64(strategy, pp, vpp, stage_layers):
+def test_uneven_plans_match_the_reference_in_float64(strategy, pp, dp, vpp, stage_layers):
     model = dataclasses.replace(model_preset("tiny"), num_layers=sum(stage_layers))
-    config = build_config(model=model, parallel=ParallelConfig(pp=pp, dp=2, virtual_stages=vpp,
+    config = build_config(model=model, parallel=ParallelConfig(pp=pp, dp=dp, virtual_stages=vpp,
                                                                 stage_layers=stage_layers),
-                          train=TrainConfig(max_context=96, global_batch_tokens=600, recompute="none"))
-    plan = make_planner(strategy, config).plan(synthetic_batch(5, 600, 96), step=0)
+                          train=TrainConfig(max_context=96, global_batch_tokens=384, recompute="none"))
+    plan = make_planner(strategy, config).plan(BATCH, step=0)
     result = verify_plan(plan, model="tiny", dtype=torch.float64)
     assert result.model.num_layers == sum(stage_layers)
     assert result.loss_error < 1e-12

@@ -73,3 +73,13 @@ def test_no_layout_fits_is_one_user_error():
     big = build_config(model="llama2-70b", train=TrainConfig(max_context=4096))
     with pytest.raises(UserError, match="no layout of 1 GPUs can hold llama2-70b"):
         tune(big, WIKIPEDIA, 1, ["fixed"])
+
+
+def test_worker_processes_find_what_one_process_finds():
+    def summary(result):
+        return [[(t.layout, t.status, t.tokens_per_s) for t in s.trials] for s in result.strategies]
+
+    one = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"])
+    two = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], workers=2)
+    assert summary(two) == summary(one)
+    assert [s.strategy for s in two.strategies] == ["fixed", "bfd"]

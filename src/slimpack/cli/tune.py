@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
                         help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
     parser.add_argument("--steps", type=positive_int, default=1, metavar="S", help="consecutive steps per layout (default 1)")
+    parser.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1), metavar="N",
+                        help="strategies searched at once in worker processes (default: 2, or 1 on one core)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     parser.add_argument("--report", metavar="DIR", help="write tune.md, tune.json, tune.png and best-<strategy>.json")
     parser.add_argument("--output", metavar="FILE", default="tune-config.json",
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("enumerating layouts", total=None)
-        result = tune(base, dataset, args.gpus, strategies, steps=args.steps,
+        result = tune(base, dataset, args.gpus, strategies, steps=args.steps, workers=args.workers,
                       on_candidates=lambda n: progress.update(task, total=n * len(strategies)),
                       on_trial=lambda name, _trial: progress.update(task, advance=1, description=f"tuning {name}"))
     out = Console(stderr=args.json == "-", width=200 if not sys.stdout.isatty() else None)

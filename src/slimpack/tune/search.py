@@ -14,6 +14,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from slimpack.compare.run import check_strategies, run_strategy, step_batches
@@ -154,11 +155,29 @@ def _simulate(strategy: str, layout: Layout, config: Config, batches: Sequence[S
                  peak_memory_bytes=row["peak_memory_bytes"], wall_s=wall)
 
 
+def _in_workers(workers: int, strategies: Sequence[str], candidates: Sequence[tuple[Layout, Config]],
+                batches: Sequence[Sequence[Sample]], exhaustive: bool,
+                on_trial: Callable[[str, Trial], None]) -> tuple[StrategyTuning, ...]:
+    """One strategy per task; each search is sequential (its pruning needs its best so far)."""
+    done: dict[str, StrategyTuning] = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(tune_strategy, name, candidates, batches, exhaustive=exhaustive): name
+                   for name in strategies}
+        for future in as_completed(futures):
+            tuning = future.result()
+            done[tuning.strategy] = tuning
+            for trial in tuning.trials:
+                on_trial(tuning.strategy, trial)
+    return tuple(done[name] for name in strategies)
+
+
 def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, steps: int = 1,
-         exhaustive: bool = False, on_candidates: Callable[[int], None] = lambda n: None,
+         exhaustive: bool = False, workers: int = 1, on_candidates: Callable[[int], None] = lambda n: None,
          on_trial: Callable[[str, Trial], None] = lambda s, t: None) -> TuneResult:
     """The best layout of each strategy for ``num_gpus`` GPUs; ``base`` gives the model, cluster,
-    context, batch and planner settings (its parallel layout and recomputation are searched)."""
+    context, batch and planner settings (its parallel layout and recomputation are searched).
+    ``workers`` > 1 searches that many strategies at once in worker processes (``on_trial`` then
+    hears of a strategy's trials when it is done)."""
     check_strategies(strategies)
     if steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
@@ -169,7 +188,10 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
         reasons = "; ".join(f"{n}x {r}" for r, n in skipped.most_common(3))
         raise UserError(f"no layout of {num_gpus} GPUs can hold {base.model.name} ({reasons})")
     on_candidates(len(candidates))
-    results = tuple(tune_strategy(name, candidates, batches, exhaustive=exhaustive,
-                                  on_trial=lambda t, name=name: on_trial(name, t)) for name in strategies)
+    if workers > 1 and len(strategies) > 1:
+        results = _in_workers(workers, strategies, candidates, batches, exhaustive, on_trial)
+    else:
+        results = tuple(tune_strategy(name, candidates, batches, exhaustive=exhaustive,
+                                      on_trial=lambda t, name=name: on_trial(name, t)) for name in strategies)
     return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, steps=steps, strategies=results,
                       skipped=skipped, wall_s=time.perf_counter() - began)
