@@ -35,6 +35,11 @@ class UniformCost:
     def optimizer_time(self, stage):
         return 0.0
 
+    def whole_document_seconds(self, lengths):
+        """The work of a one-group-per-sample plan: (t_f + t_b) per chunk per sample."""
+        par = self.config.parallel
+        return len(lengths) * (self.t_f + self.t_b) * par.pp * par.virtual_stages * par.dp * par.tp * par.cp
+
 
 def config(pp: int = 4, dp: int = 1, vpp: int = 1, model: str = "llama2-7b", **train) -> Config:
     return build_config(model=model, parallel=ParallelConfig(pp=pp, dp=dp, virtual_stages=vpp),

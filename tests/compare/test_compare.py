@@ -87,9 +87,11 @@ def test_slimpack_beats_every_baseline_on_a_long_tailed_batch():
                           planner=PlannerConfig(use_milp=False))
     rows = {r["strategy"]: r for r in compare(config, load_dataset("wlbllm"), list(STRATEGIES), 1).table()}
     ours = rows.pop("slimpack")
-    assert ours["efficiency"] > 0.9
+    assert ours["schedule_efficiency"] > 0.9  # its own work packs well...
+    assert 0.0 < ours["extra_work_fraction"] < 1.0  # ...and is more than the whole-document ideal
     for name, row in rows.items():
         assert ours["tokens_per_s"] > 1.1 * row["tokens_per_s"], name
+        assert ours["efficiency"] > row["efficiency"], name  # one ideal for all: ranks like throughput
 
 
 def test_a_strategy_that_cannot_run_the_layout_fails_alone():

@@ -4,18 +4,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slimpack.config import EfficiencyConfig, ParallelConfig, TrainConfig, build_config
+from slimpack.config.efficiency import efficiency_preset
 from slimpack.cost import CostModel
 from slimpack.cost.comm import ring_allreduce_time, ring_gather_time
 from slimpack.cost.memory import activation_bytes_per_token
+from slimpack.errors import UserError
 
 GIB = 2**30
 
 
-def _plain_cost(**train):
-    # overhead 0 and no size penalty: times reduce to FLOPs / rate
-    eff = EfficiencyConfig(gemm_max=0.5, gemm_half_tokens=0, attention_max=0.25, attention_half_tokens=0,
-                           layer_overhead_s=0)
-    return CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(pp=4),
+def _plain_cost(parallel=None, **train):
+    # overhead 0, no size penalty, no elementwise term: times reduce to FLOPs / rate
+    eff = EfficiencyConfig(gemm_max=0.5, gemm_half_tokens=0, attention_max=0.25, attention_backward_max=0.2,
+                           attention_half_tokens=0, elementwise_bandwidth=None, layer_overhead_s=0)
+    return CostModel(build_config(model="llama2-7b", parallel=parallel or ParallelConfig(pp=4),
                                   train=TrainConfig(**train), efficiency=eff))
 
 
@@ -26,11 +28,76 @@ def test_layer_time_is_flops_over_rate_without_size_effects():
     attention = 16384 * 8192 * 8193 / 2
     assert cost.layer_time([8192], [0], backward=False) == pytest.approx(
         linear / (0.5 * peak) + attention / (0.25 * peak), rel=1e-12)
+    # backward attention runs at its own efficiency (0.2 here)
     assert cost.layer_time([8192], [0], backward=True) == pytest.approx(
-        2 * linear / (0.5 * peak) + 2.5 * attention / (0.25 * peak), rel=1e-12)
+        2 * linear / (0.5 * peak) + 2.5 * attention / (0.2 * peak), rel=1e-12)
+    # selective recomputation adds one attention forward (at the forward efficiency) to backward
+    assert _plain_cost(recompute="selective").layer_time([8192], [0], backward=True) == pytest.approx(
+        2 * linear / (0.5 * peak) + 2.5 * attention / (0.2 * peak) + attention / (0.25 * peak), rel=1e-12)
     # a middle stage runs 8 layers and nothing else
     assert cost.group_time([8192], [0], virtual_stage=1, backward=False) == pytest.approx(
         8 * cost.layer_time([8192], [0], backward=False), rel=1e-12)
+
+
+def test_elementwise_work_is_charged_per_token_at_hbm_bandwidth():
+    eff = EfficiencyConfig(gemm_max=0.5, gemm_half_tokens=0, attention_max=0.25, attention_half_tokens=0,
+                           elementwise_bandwidth=0.5, layer_overhead_s=0)
+    with_term = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2), efficiency=eff))
+    without = _plain_cost(parallel=ParallelConfig(tp=2))
+    # llama2-7b: norms 4h + RoPE 2(h + h_kv) + SwiGLU 3f + residuals 6h = 90368 elements of 2 bytes,
+    # sharded over tp = 2, at half of 3.35 TB/s; backward moves twice as much
+    per_token = 90368 * 2 / 2 / (0.5 * 3.35e12)
+    tp_comm = 1000 * 4096 * 2 * 0.5 / 450e9 + 3e-6  # one ring gather over 2 ranks
+    assert with_term.layer_time([1000], [0], backward=False) - without.layer_time([1000], [0], backward=False) \
+        == pytest.approx(1000 * per_token, rel=1e-9)
+    forward_rest = with_term.layer_time([1000], [0], backward=False) - 1000 * per_token - 4 * tp_comm
+    assert with_term.layer_time([1000], [0], backward=True) == pytest.approx(
+        2 * 1000 * per_token + 6 * tp_comm + 2 * 404_750_336 * 1000 / 2 / (0.5 * 989.4e12)
+        + 2.5 * 16384 * 1000 * 1001 / 2 / 2 / (0.45 * 989.4e12), rel=1e-9)
+    assert forward_rest == pytest.approx(404_750_336 * 1000 / 2 / (0.5 * 989.4e12)
+                                         + 16384 * 1000 * 1001 / 2 / 2 / (0.25 * 989.4e12), rel=1e-9)
+
+
+def test_tensor_parallel_collectives_per_pass_follow_sequence_parallelism():
+    # with sequence parallelism: 4 gathers/scatters forward, 6 backward (inputs re-gathered for the
+    # weight gradients); without it two all-reduces (= 4 gathers) in each pass
+    tokens = 4096
+    gather = 7 / 8 * tokens * 4096 * 2 / 450e9 + 7 * 3e-6
+    for sp, backward_count in ((True, 6), (False, 4)):
+        tp8 = _plain_cost(parallel=ParallelConfig(tp=8, sequence_parallel=sp))
+        forward_comm = tp8.layer_time([tokens], [0], backward=False) - (
+            404_750_336 * tokens / 8 / (0.5 * 989.4e12) + 16384 * tokens * (tokens + 1) / 2 / 8 / (0.25 * 989.4e12))
+        assert forward_comm == pytest.approx(4 * gather, rel=1e-9)
+        backward_comm = tp8.layer_time([tokens], [0], backward=True) - (
+            2 * 404_750_336 * tokens / 8 / (0.5 * 989.4e12)
+            + 2.5 * 16384 * tokens * (tokens + 1) / 2 / 8 / (0.2 * 989.4e12))
+        assert backward_comm == pytest.approx(backward_count * gather, rel=1e-9)
+
+
+def test_kernel_family_presets_differ_only_in_attention():
+    fa2, fa3 = efficiency_preset("fa2"), efficiency_preset("fa3")
+    assert (fa2.attention_max, fa2.attention_backward_max) == (0.35, 0.30)
+    assert (fa3.attention_max, fa3.attention_backward_max) == (0.60, 0.45)
+    assert fa3 == EfficiencyConfig()  # the default
+    assert fa2.gemm_max == fa3.gemm_max and fa2.kernels == "fa2"
+    with pytest.raises(UserError, match="unknown kernel family 'fa1'"):
+        efficiency_preset("fa1")
+
+
+def test_whole_document_seconds_hand_computed():
+    cost = _plain_cost(parallel=ParallelConfig(tp=2, pp=4))
+    peak = 989.4e12
+    # one document of 1000 tokens: 32 layers of GEMMs (3x forward) at 0.5 and attention forward at
+    # 0.25 + backward (2.5x) at 0.2; the head's GEMM (3x) at 0.5 and 3 fp32 passes over the logits;
+    # GPU-seconds, so tensor parallelism does not change it
+    pairs = 1000 * 1001 / 2
+    layers = 32 * (3 * 404_750_336 * 1000 / (0.5 * peak)
+                   + 16384 * pairs / (0.25 * peak) + 2.5 * 16384 * pairs / (0.2 * peak))
+    head = 3 * 2 * 4096 * 32000 * 1000 / (0.5 * peak) + 1000 * 32000 * 4 * 3 / 3.35e12
+    assert cost.whole_document_seconds([1000]) == pytest.approx(layers + head, rel=1e-12)
+    assert cost.whole_document_seconds([1000, 1000]) == pytest.approx(2 * (layers + head), rel=1e-12)
+    tp1 = _plain_cost(parallel=ParallelConfig(tp=1, pp=4))
+    assert tp1.whole_document_seconds([1000, 37]) == pytest.approx(cost.whole_document_seconds([1000, 37]))
 
 
 def test_small_slices_run_below_peak():
@@ -71,10 +138,13 @@ def test_activation_bytes_per_token_hand_computed():
     from slimpack.config import model_preset
     m = model_preset("llama2-7b")  # h = 4096, f = 11008, MHA
     # none: 6h (norm in/out x2, Q, attention out) + 2h (K, V) + 3f, in bf16, + fp32 lse per head
-    assert activation_bytes_per_token(m, recompute="none", tp=1, cp=1, sequence_parallel=True) == \
-        (6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4
-    assert activation_bytes_per_token(m, recompute="selective", tp=1, cp=1, sequence_parallel=True) == \
-        (5 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4
+    none = activation_bytes_per_token(m, recompute="none", tp=1, cp=1, sequence_parallel=True)
+    assert none == (6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4
+    # selective under FlashAttention: the attention output stays (output projection input); only the
+    # log-sum-exp (32 heads x 4 bytes) is dropped
+    assert activation_bytes_per_token(m, recompute="selective", tp=1, cp=1, sequence_parallel=True) == none - 32 * 4
+    assert activation_bytes_per_token(m, recompute="selective", tp=8, cp=2, sequence_parallel=True) == \
+        pytest.approx((none - 32 * 4) / 16)
     assert activation_bytes_per_token(m, recompute="full", tp=1, cp=1, sequence_parallel=True) == 4096 * 2
     sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=True)
     no_sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=False)

@@ -43,6 +43,7 @@ def test_closed_form_step_bubble_and_in_flight(p, m, schedule):
     result = simulate(plan, UniformCost(cfg, 1.0, 2.0))
     assert result.step_time_s == pytest.approx((m + p - 1) * 3.0)
     assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+    assert result.efficiency == pytest.approx(m / (m + p - 1))  # ideal: 3 s of work per group and stage
     stage0 = next(mem for mem in result.memory if mem.stage == 0)
     assert stage0.peak_bytes == (min(p, m) if schedule == "1f1b" else m)
 

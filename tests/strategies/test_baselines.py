@@ -157,6 +157,20 @@ def test_slice_sequence_by_hand():
     assert slice_sequence(sequence, 1, 128) == [tuple(sequence)]
 
 
+def test_slice_sequence_balances_cost_by_hand():
+    def pairs(tokens, prefix):  # attention-only cost: causal (query, key) pairs
+        return tokens * prefix + tokens * (tokens + 1) / 2
+
+    # one 4096-token document in 2: half of 4096·4097/2 pairs is reached at x ≈ 2896.6; of the tiles
+    # around it 2944 (4,335,040 pairs, 139,712 past half) is nearer than 2816 (229,000 short of it)
+    assert slice_sequence([Slice(0, 0, 4096)], 2, 128, pairs) == [(Slice(0, 0, 2944),), (Slice(0, 2944, 4096),)]
+    # a piece keeps its prefix: [1024, 2048) of a document costs 1024·1024 + 1024·1025/2 = 1,573,376
+    # pairs; with a 1024-token document after it (524,800) the half (1,049,088) is 719.6 tokens in
+    # (x·1024 + x(x+1)/2 at x = 640: 860,480; at 768: 1,081,728, the nearer tile)
+    halves = slice_sequence([Slice(7, 1024, 2048), Slice(8, 0, 1024)], 2, 128, pairs)
+    assert halves == [(Slice(7, 1024, 1792),), (Slice(7, 1792, 2048), Slice(8, 0, 1024))]
+
+
 def test_slimpipe_structure_and_choice_of_n():
     config = cfg(131072)
     planner = SlimPipePlanner(config)

@@ -79,6 +79,7 @@ def _end_to_end(base, model, peak, bandwidth, eff, dtype, repeats):  # noqa: ANN
     (packing, cells, RoPE tables, the loss) and the real backward/forward ratios of this machine."""
 
     from slimpack.config import ClusterConfig, ParallelConfig
+    from slimpack.config.efficiency import with_attention_scale
     from slimpack.cost import CostModel
     from slimpack.runtime.calibrate import stage_timings
 
@@ -100,7 +101,7 @@ def _end_to_end(base, model, peak, bandwidth, eff, dtype, repeats):  # noqa: ANN
     compute = np.array(predict(bare))
     # the parts of the prediction: GEMM time, attention time (each ∝ 1 / its efficiency), per-layer overhead
     gemm = np.array(predict(dataclasses.replace(bare, gemm_max=eff.gemm_max / 2))) - compute
-    attention = np.array(predict(dataclasses.replace(bare, attention_max=eff.attention_max / 2))) - compute
+    attention = np.array(predict(with_attention_scale(bare, 2.0))) - compute
     per_overhead = (np.array(predict(dataclasses.replace(bare, layer_overhead_s=1e-3))) - compute) / 1e-3
     rest = compute - gemm - attention
     # measured - rest ≈ g · gemm + a · attention + overhead · per_overhead (least squares, relative)
@@ -111,8 +112,7 @@ def _end_to_end(base, model, peak, bandwidth, eff, dtype, repeats):  # noqa: ANN
         g = a = float(np.median(measured / compute))
         overhead = 0.0
     ratio = (g, a)
-    scaled = dataclasses.replace(eff, gemm_max=min(1.0, eff.gemm_max / g),
-                                 attention_max=min(1.0, eff.attention_max / a),
+    scaled = dataclasses.replace(with_attention_scale(eff, a), gemm_max=min(1.0, eff.gemm_max / g),
                                  layer_overhead_s=float(overhead))
     check = [(sum(g), p / m - 1) for g, m, p in zip(END_TO_END_GROUPS, measured, predict(scaled), strict=True)]
     return scaled, ratio, check

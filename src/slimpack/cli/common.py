@@ -17,6 +17,7 @@ from slimpack.config import (
     build_config,
     load_config,
 )
+from slimpack.config.efficiency import EFFICIENCY_PRESETS, efficiency_preset
 from slimpack.plan import Plan
 
 
@@ -45,6 +46,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, training: bool = Tr
     for name, text in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data"), ("cp", "context")):
         group.add_argument(f"--{name}", type=positive_int, metavar="N", help=f"{text}-parallel degree")
     group.add_argument("--vpp", type=positive_int, metavar="N", help="virtual stages per pipeline stage (interleaved 1F1B)")
+    group.add_argument("--kernels", choices=sorted(EFFICIENCY_PRESETS),
+                       help="attention-kernel family whose efficiency figures the cost model uses (default fa3)")
     if training:
         group.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 64K)")
         group.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
@@ -86,8 +89,9 @@ def config_from_args(args: argparse.Namespace, *, default: Config | None = None)
                           recompute=args.recompute, seed=args.seed)
     planner = _override(base.planner, **{field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES},
                         milp_time_limit_s=getattr(args, "milp_time_limit_s", None))
+    efficiency = efficiency_preset(args.kernels) if getattr(args, "kernels", None) else base.efficiency
     return build_config(model=model, gpu=gpu, parallel=parallel, train=train,
-                        efficiency=base.efficiency, planner=planner)
+                        efficiency=efficiency, planner=planner)
 
 
 def _override(value: Any, **changes: Any) -> Any:

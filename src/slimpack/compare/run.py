@@ -76,7 +76,11 @@ class StrategyRun:
             "step_time_mean_s": statistics.fmean(times) if times else None,
             "step_time_p95_s": _percentile(times, 95) if times else None,
             "ideal_time_mean_s": statistics.fmean(r.ideal_time_s for r in results) if results else None,
-            "efficiency": statistics.fmean(r.efficiency for r in results) if results else None,
+            # ratios of sums over the steps: the ideal is the same for every strategy on the same tokens
+            "efficiency": _ratio(sum(r.ideal_time_s for r in results), sum(times)) if results else None,
+            "extra_work_fraction": (_ratio(sum(r.work_time_s for r in results), sum(r.ideal_time_s for r in results))
+                                    - 1.0) if results else None,
+            "schedule_efficiency": _ratio(sum(r.work_time_s for r in results), sum(times)) if results else None,
             "bubble_fraction": statistics.fmean(r.bubble_fraction for r in results) if results else None,
             "mfu": statistics.fmean(r.mfu for r in results) if results else None,
             "peak_memory_bytes": peak,
@@ -86,6 +90,10 @@ class StrategyRun:
             "mean_delay_steps_per_token": (sum(s.delayed_token_steps for s in ok) / tokens) if tokens else 0.0,
             "deferred_at_end_tokens": _deferred_at_end(self),
         }
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -140,6 +148,15 @@ def check_strategies(names: Sequence[str]) -> None:
 MAX_DRAIN_STEPS = 8
 
 
+def trained_documents(plan: Plan, batch: Sequence[Sample]) -> list[int]:
+    """Lengths of the whole documents ``plan`` trains: this step's batch and the samples carried in
+    from earlier steps, less those deferred. A strategy may cut a document into several samples
+    (``fixed``); the ideal step time and MFU are of the documents, the same for every strategy."""
+    deferred = set(plan.deferred)
+    carried = [s.length for s in plan.samples if s.arrival_step < plan.step and s.id not in deferred]
+    return carried + [s.length for s in batch if s.id not in deferred]
+
+
 def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
                  on_step: Callable[[], None] = lambda: None) -> StrategyRun:
     try:
@@ -160,7 +177,7 @@ def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
         try:
             plan = planner.plan(batch, step=step)
             planner_time = time.perf_counter() - began
-            result = simulate(plan)
+            result = simulate(plan, document_lengths=trained_documents(plan, batch))
         except Exception as exc:  # a strategy's failure on one step must not stop the comparison
             records.append(StepRecord(step=step, error=f"{type(exc).__name__}: {exc}", planner_time_s=0.0,
                                       result=None, scheduled_tokens=0, delayed_token_steps=0,

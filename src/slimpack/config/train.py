@@ -14,9 +14,13 @@ class TrainConfig(ConfigBase):
     """Longest sequence a sample may have; longer documents are cut into chunks of this length."""
     global_batch_tokens: int = 4 * 2**20
     """Token budget of one global batch (all replicas, one optimizer step)."""
-    recompute: Literal["none", "selective", "full"] = "selective"
-    """Activation recomputation: none; selective (core attention recomputed in backward, its output
-    not stored); full (only each layer's input kept, the layer's forward rerun in backward)."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none; selective (core attention rerun in backward); full (only each
+    layer's input kept, the layer's forward rerun in backward). The default is ``none``: with
+    FlashAttention, selective recomputation saves only the float32 log-sum-exp (4 bytes per head per
+    token; the s² scores it exists to drop are never stored, and the attention output stays as the
+    output projection's input) at the price of an attention forward in every backward, so it is never
+    the better choice; use ``full`` where a layout does not fit without it."""
     distributed_optimizer: bool = True
     """Shard fp32 master weights and Adam moments over the data-parallel group (ZeRO-1)."""
     seed: int = 0

@@ -109,10 +109,15 @@ def fit_efficiency(records: list[TimingRecord], model: ModelConfig, peak_flops: 
         a, b, _ = _lstsq_nonneg(np.stack([f, per_query, np.ones_like(f)], axis=1),
                                 np.array([r.time_s for r in attention]))
         if a > 0:
-            changes |= {"attention_max": min(1.0, 1.0 / (a * peak_flops)), "attention_half_tokens": b / a}
-    eff = dataclasses.replace(base, **changes)
+            forward = min(1.0, 1.0 / (a * peak_flops))
+            backward = min(1.0, forward * base.attention_backward_max / base.attention_max)  # keep the ratio
+            changes |= {"attention_max": forward, "attention_backward_max": backward,
+                        "attention_half_tokens": b / a}
+    eff = dataclasses.replace(base, kernels="calibrated", **changes)
     layers = [r for r in records if r.op == "layer"]
     if layers:
+        # the measured layers' norms, RoPE and SwiGLU land in the fitted overhead, not charged again
+        eff = dataclasses.replace(eff, elementwise_bandwidth=None)
         residual = [r.time_s - predict(dataclasses.replace(r, op="gemm"), model, peak_flops, eff)
                     - predict(dataclasses.replace(r, op="attention"), model, peak_flops, eff) for r in layers]
         eff = dataclasses.replace(eff, layer_overhead_s=max(0.0, float(np.median(residual))))

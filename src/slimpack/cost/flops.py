@@ -9,6 +9,7 @@ Training on GPU Clusters", eq. 2, generalised to GQA and SwiGLU):
   forward attention = 4·h·pairs (GQA shares K/V between heads but not the dot products);
 - backward = 2x forward for GEMMs (grad wrt input and wrt weight) and 2.5x for attention
   (FlashAttention recomputes QKᵀ in its backward; Dao, 2023, FlashAttention-2 §3.1.2).
+Memory-bound per-token work is counted in bytes of HBM traffic (``elementwise_bytes_per_token``).
 Must not import torch.
 """
 
@@ -42,6 +43,22 @@ def attention_flops_per_pair(model: ModelConfig) -> int:
 def lm_head_flops_per_token(model: ModelConfig) -> int:
     """Forward FLOPs of the LM head (logits) per token."""
     return 2 * model.hidden * model.vocab_size
+
+
+def elementwise_elements_per_token(model: ModelConfig) -> int:
+    """Elements one layer's memory-bound kernels read and write per token in forward: two RMSNorms
+    (read h, write h each), RoPE on Q and K (read and write h + h_kv), the SwiGLU gate (read gate and
+    up, write their product: 3·f; GELU reads and writes f: 2·f) and two residual adds (read 2·h,
+    write h each). Backward moves about twice as much (gradients in and out plus the saved inputs)."""
+    h = model.hidden
+    norms = 2 * 2 * h
+    rope = 2 * (h + model.kv_hidden)
+    gate = 3 * model.ffn_hidden if model.ffn_kind == "swiglu" else 2 * model.ffn_hidden
+    residuals = 2 * 3 * h
+    return norms + rope + gate + residuals
+
+
+ELEMENTWISE_BACKWARD_FACTOR = 2.0
 
 
 def layer_forward_flops(model: ModelConfig, tokens: int, prefix: int = 0) -> int:

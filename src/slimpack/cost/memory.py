@@ -8,8 +8,11 @@ s² score matrices. Elements kept per token per layer (no recomputation):
   attention-norm input h, QKV input h, Q h, K and V 2·h_kv, attention output h (input of the
   output projection), MLP-norm input h, MLP input h, and the MLP inner tensors: SwiGLU gate, up and
   their product 3·f (GELU: pre- and post-activation 2·f).
-Selective recomputation recomputes the core attention in backward, so its output is not stored
-(-h). Full recomputation keeps only the layer input (h) and rebuilds the rest in backward.
+Selective recomputation (Korthikanti §5) reruns the core attention in backward so that its s² score
+and softmax tensors are not stored; FlashAttention never stores them, so with FA the only tensor
+selective recomputation drops is the float32 log-sum-exp: Q, K and V are its checkpointed inputs and
+the attention output is still kept as the input of the output projection. Full recomputation keeps
+only the layer input (h) and rebuilds the rest in backward.
 Sequence parallelism divides everything by tp (Korthikanti §4.2.2); without it the norm inputs and
 outputs (4·h) are replicated. Context parallelism divides by cp (each rank holds 1/cp of the tokens).
 
@@ -38,9 +41,8 @@ def activation_elements_per_token(model: ModelConfig, recompute: str) -> tuple[i
         return h, 0
     mlp_inner = 3 * f if model.ffn_kind == "swiglu" else 2 * f
     norm_side = 4 * h  # two norm inputs and two norm outputs (the QKV and MLP inputs)
-    tensor_side = h + 2 * model.kv_hidden + mlp_inner  # Q, K, V and the MLP inner tensors
-    if recompute == "none":
-        tensor_side += h  # attention output, input of the output projection
+    # Q, K, V, the attention output (input of the output projection) and the MLP inner tensors
+    tensor_side = 2 * h + 2 * model.kv_hidden + mlp_inner
     return tensor_side, norm_side
 
 
@@ -49,7 +51,7 @@ def activation_bytes_per_token(model: ModelConfig, *, recompute: str, tp: int, c
     """Bytes one device keeps per token of a group per layer, from its forward until its backward."""
     tensor_side, norm_side = activation_elements_per_token(model, recompute)
     elements = (tensor_side + norm_side) / tp if sequence_parallel else tensor_side / tp + norm_side
-    lse = 0 if recompute == "full" else model.num_heads / tp * LSE_BYTES_PER_HEAD
+    lse = model.num_heads / tp * LSE_BYTES_PER_HEAD if recompute == "none" else 0
     return (elements * model.dtype_bytes + lse) / cp
 
 

@@ -6,11 +6,17 @@ A *group* is a list of slices ``(tokens c_i, prefix p_i)`` run as one unit; time
 of a pipeline stage, or one of its chunks under interleaving).
 
 Time of a layer's forward for a group (per device):
-  overhead + GEMM(T) + max(attention, context-parallel KV exchange) + tensor-parallel collectives
+  overhead + GEMM(T) + max(attention, context-parallel KV exchange) + elementwise(T)
+  + tensor-parallel collectives
 with T = Σc_i, GEMM(T) = lin·T/(tp·cp) / (peak·gemm_max·n/(n+n_half)) at n = T/cp tokens per device,
-and attention summed per slice with its own efficiency at c_i/cp query tokens (small slices run
-below peak). See ``slimpack.config.efficiency`` for the efficiency curve and ``flops`` for FLOPs.
-Backward = 2x GEMM + 2.5x attention + the forward work recomputation repeats.
+attention summed per slice with its own efficiency at c_i/cp query tokens (small slices run
+below peak), and elementwise(T) the memory-bound per-token kernels at a fraction of HBM bandwidth.
+See ``slimpack.config.efficiency`` for the efficiency curve and ``flops`` for FLOPs.
+Backward = 2x GEMM + 2.5x attention FLOPs at the backward attention efficiency + 2x elementwise +
+the backward's collectives + the forward work recomputation repeats.
+
+A group is charged as the runtime runs it: the simulator calls ``group_time`` once per *cell* (see
+``slimpack.plan.cells``), so an asymmetric plan's forward group of k cells pays k calls' overheads.
 
 Because GEMM(T) = k·(T + cp·n_half) is affine in T, a group's time on a stage is
 ``group_constant + Σ slice_cost`` exactly when cp = 1; planners use that additive form.
@@ -30,10 +36,13 @@ from slimpack.errors import UserError
 
 ArrayLike = np.ndarray | list[int] | tuple[int, ...]
 
-# Collectives per layer under Megatron tensor parallelism: with sequence parallelism an all-gather
-# before and a reduce-scatter after both the attention and the MLP block (4 per pass); without it
-# two all-reduces, which move the same bytes.
-TP_COLLECTIVES_PER_LAYER = 4
+# Collectives per layer under Megatron tensor parallelism, in all-gather/reduce-scatter units of one
+# layer input. With sequence parallelism (Korthikanti et al. §4.2.2) forward runs an all-gather before
+# and a reduce-scatter after both the attention and the MLP block (4); backward runs their conjugates
+# (4) plus a second all-gather of the QKV and MLP-up inputs, which Megatron does not keep gathered and
+# re-gathers for the weight gradients (6). Without sequence parallelism: two all-reduces per pass (4).
+TP_COLLECTIVES_FORWARD = 4
+TP_COLLECTIVES_BACKWARD_SP = 6
 BACKWARD_OVERHEAD_FACTOR = 2.0  # about twice the kernels of the forward pass
 CROSS_ENTROPY_PASSES = 3  # read logits, write softmax, read it back in backward (memory-bound)
 
@@ -64,6 +73,13 @@ class CostModel:
         self.recompute = config.train.recompute
         self._gemm_rate = cluster.peak_flops * eff.gemm_max
         self._attn_rate = cluster.peak_flops * eff.attention_max
+        self._attn_backward_rate = cluster.peak_flops * eff.attention_backward_max
+        self._tp_collectives = (TP_COLLECTIVES_FORWARD,
+                                TP_COLLECTIVES_BACKWARD_SP if par.sequence_parallel else TP_COLLECTIVES_FORWARD)
+        # seconds per token per layer of the memory-bound kernels on one device (tp shards them)
+        self._elementwise = 0.0 if eff.elementwise_bandwidth is None else (
+            flops.elementwise_elements_per_token(model) * model.dtype_bytes / par.tp
+            / (cluster.hbm_bandwidth * eff.elementwise_bandwidth))
         self._lin = flops.linear_flops_per_token(model)
         self._attn_per_pair = flops.attention_flops_per_pair(model)
         self._head = flops.lm_head_flops_per_token(model)
@@ -87,8 +103,8 @@ class CostModel:
 
     # ---- time -----------------------------------------------------------------------------
     def _layer_parts(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> tuple[float, float, float, float]:
-        """(GEMM, attention, tensor-parallel comm, context-parallel comm) seconds of one layer's
-        forward for a group, on one device."""
+        """(GEMM, attention FLOPs over the forward rate, one tensor-parallel collective, context-parallel
+        comm) seconds of one layer's forward for a group, on one device."""
         eff = self.config.efficiency
         cluster = self.config.cluster
         total = float(tokens.sum())
@@ -105,7 +121,7 @@ class CostModel:
         if self.tp > 1:
             bw, lat = cluster.link(same_node=True)
             size = total / cp * self.model.hidden * self.model.dtype_bytes
-            tp_comm = TP_COLLECTIVES_PER_LAYER * ring_gather_time(size, self.tp, bw, lat)
+            tp_comm = ring_gather_time(size, self.tp, bw, lat)
         cp_comm = 0.0
         if cp > 1:
             # ring attention: each of cp-1 steps passes this rank's K and V shard to its neighbour
@@ -117,14 +133,17 @@ class CostModel:
     def layer_time(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on one transformer layer's forward (or backward) of a group."""
         cp = cp or self.cp
-        gemm, attn, tp_comm, cp_comm = self._layer_parts(
-            np.asarray(tokens, dtype=np.int64), np.asarray(prefix, dtype=np.float64), cp)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        gemm, attn, tp_comm, cp_comm = self._layer_parts(tokens, np.asarray(prefix, dtype=np.float64), cp)
         overhead = self.config.efficiency.layer_overhead_s
-        forward = overhead + gemm + max(attn, cp_comm) + tp_comm
+        elementwise = self._elementwise * float(tokens.sum()) / cp
+        forward = overhead + gemm + max(attn, cp_comm) + elementwise + self._tp_collectives[0] * tp_comm
         if not backward:
             return forward
+        attn_backward = flops.ATTENTION_BACKWARD_FACTOR * attn * self._attn_rate / self._attn_backward_rate
         time = (BACKWARD_OVERHEAD_FACTOR * overhead + flops.GEMM_BACKWARD_FACTOR * gemm
-                + max(flops.ATTENTION_BACKWARD_FACTOR * attn, 2.0 * cp_comm) + tp_comm)
+                + max(attn_backward, 2.0 * cp_comm) + flops.ELEMENTWISE_BACKWARD_FACTOR * elementwise
+                + self._tp_collectives[1] * tp_comm)
         if self.recompute == "full":
             time += forward
         elif self.recompute == "selective":
@@ -168,18 +187,21 @@ class CostModel:
         shards = self.tp * self.cp
         gemm = self._lin / shards / self._gemm_rate
         attn = self._attn_per_pair / shards / self._attn_rate
+        elementwise = self._elementwise / self.cp
         tp_comm = 0.0
         if self.tp > 1:
             bw, _ = self.config.cluster.link(same_node=True)
             size = self.model.hidden * self.model.dtype_bytes / self.cp
-            tp_comm = TP_COLLECTIVES_PER_LAYER * (self.tp - 1) / self.tp * size / bw
+            tp_comm = (self.tp - 1) / self.tp * size / bw
+        forward_per_token = gemm + elementwise + self._tp_collectives[0] * tp_comm
         if not backward:
-            per_token, per_pair = gemm + tp_comm, attn
+            per_token, per_pair = forward_per_token, attn
         else:
-            per_token = flops.GEMM_BACKWARD_FACTOR * gemm + tp_comm
-            per_pair = flops.ATTENTION_BACKWARD_FACTOR * attn
+            per_token = (flops.GEMM_BACKWARD_FACTOR * gemm + flops.ELEMENTWISE_BACKWARD_FACTOR * elementwise
+                         + self._tp_collectives[1] * tp_comm)
+            per_pair = flops.ATTENTION_BACKWARD_FACTOR * self._attn_per_pair / shards / self._attn_backward_rate
             if self.recompute == "full":
-                per_token, per_pair = per_token + gemm + tp_comm, per_pair + attn
+                per_token, per_pair = per_token + forward_per_token, per_pair + attn
             elif self.recompute == "selective":
                 per_pair += attn
         return self.layers_per_chunk * per_token, self.layers_per_chunk * per_pair
@@ -215,15 +237,33 @@ class CostModel:
         tp_lat = 0.0
         if self.tp > 1:
             _, lat = self.config.cluster.link(same_node=True)
-            tp_lat = TP_COLLECTIVES_PER_LAYER * (self.tp - 1) * lat
-        forward = eff.layer_overhead_s + gemm0 + tp_lat
+            tp_lat = (self.tp - 1) * lat
+        forward = eff.layer_overhead_s + gemm0 + self._tp_collectives[0] * tp_lat
         if not backward:
             per_layer = forward
         else:
-            per_layer = BACKWARD_OVERHEAD_FACTOR * eff.layer_overhead_s + flops.GEMM_BACKWARD_FACTOR * gemm0 + tp_lat
+            per_layer = (BACKWARD_OVERHEAD_FACTOR * eff.layer_overhead_s + flops.GEMM_BACKWARD_FACTOR * gemm0
+                         + self._tp_collectives[1] * tp_lat)
             if self.recompute == "full":
                 per_layer += forward
         return self.layers_per_chunk * per_layer
+
+    def whole_document_seconds(self, lengths: ArrayLike) -> float:
+        """GPU-seconds of one training pass (forward + backward) of whole documents of these lengths,
+        each unsliced, with no overheads: every layer's GEMMs, attention (forward and backward at
+        their own efficiencies) and memory-bound kernels, the LM head and its cross-entropy, at full
+        kernel efficiency (no small-call penalty, fixed costs, communication or recomputation).
+        Divided by the number of GPUs it is the ideal step time (DESIGN.md §3): the same for every
+        strategy that trains the same documents."""
+        length = np.asarray(lengths, dtype=np.float64)
+        total, pairs = float(length.sum()), float(np.sum(length * (length + 1.0) / 2.0))
+        per_token = ((1.0 + flops.GEMM_BACKWARD_FACTOR) * self._lin / self._gemm_rate
+                     + (1.0 + flops.ELEMENTWISE_BACKWARD_FACTOR) * self._elementwise * self.tp)
+        per_pair = self._attn_per_pair * (1.0 / self._attn_rate
+                                          + flops.ATTENTION_BACKWARD_FACTOR / self._attn_backward_rate)
+        head = ((1.0 + flops.GEMM_BACKWARD_FACTOR) * self._head / self._gemm_rate
+                + self._logit_bytes * self.tp * CROSS_ENTROPY_PASSES / self.config.cluster.hbm_bandwidth)
+        return self.model.num_layers * (per_token * total + per_pair * pairs) + head * total
 
     # ---- memory ---------------------------------------------------------------------------
     def activation_bytes(self, tokens: float, *, virtual_stage: int, cp: int | None = None) -> float:

@@ -7,8 +7,8 @@ Modules, read top to bottom:
 - ``attention``: ``varlen_attention``, sliced variable-length causal attention with backends;
 - ``model``: a Llama-style decoder built from a ``ModelConfig``, cut into stages by layer ranges;
 - ``loss``: token-level LM targets and the globally normalised cross-entropy;
-- ``cells``: how forward and backward groups decompose into cells (one autograd graph each);
-- ``executor``: ``StageExecutor``, which runs F/B actions of a pipeline's groups on one stage;
+- ``executor``: ``StageExecutor``, which runs F/B actions of a pipeline's groups on one stage, one
+  autograd graph per cell (``slimpack.plan.cells``);
 - ``pipeline``: single-process drivers that run every stage of a pipeline;
 - ``memory``: counts the activation bytes kept for backward;
 - ``reference``: the ordinary, unsliced, unpacked computation that the executor must reproduce;

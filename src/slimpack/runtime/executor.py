@@ -3,7 +3,7 @@
 How a stage keeps forward and backward groupings independent (SlimPack's asymmetric partitioning)
 without recomputation or ``retain_graph``:
 
-- **Cells** (``cells``). The slices of forward group g that belong to backward group b form the cell (g, b).
+- **Cells** (``slimpack.plan.cells``). The slices of forward group g that belong to backward group b form the cell (g, b).
   A forward action runs all cells of its group together, layer by layer, but each cell gets its
   own autograd graph: the row-wise work (norms, projections, MLP) and the attention call are packed
   per cell. Symmetric plans have one cell per group, so the whole group is packed. A backward
@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from slimpack.errors import ScheduleError
+from slimpack.plan.cells import CellSpec, GroupLayout, Run, fmt_slice
 from slimpack.plan.types import Slice
 from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
-from slimpack.runtime.cells import CellSpec, GroupLayout, Run, fmt_slice
 from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import ModelStage

@@ -42,9 +42,13 @@ class SimResult:
     step: int
     step_time_s: float
     ideal_time_s: float
-    """The plan's total compute (GPU-seconds of its actions) divided by the number of GPUs."""
+    """Whole-document training work of the samples trained (unsliced, no overheads, at full kernel
+    efficiency) divided by the number of GPUs: the same for every plan of the same samples."""
+    work_time_s: float
+    """The plan's own modelled work (GPU-seconds of its actions: slicing, per-call costs, TP/CP
+    communication and recomputation included) divided by the number of GPUs."""
     efficiency: float
-    """ideal / step: 1.0 means perfect balance and no bubble, sync or communication exposed."""
+    """ideal / step, comparable across strategies on the same samples."""
     bubble_fraction: float
     """Idle share of the devices between the step's start and the end of the last backward."""
     num_tokens: int
@@ -59,8 +63,22 @@ class SimResult:
     forward_group_times_s: tuple[tuple[float, ...], ...]
     """Per pipeline, each forward group's time on a middle stage (no embedding or LM head)."""
     backward_group_times_s: tuple[tuple[float, ...], ...]
+    forward_group_cells: tuple[tuple[int, ...], ...]
+    """Per pipeline, the cells each forward group runs as (1 per group in a symmetric plan)."""
+    backward_group_cells: tuple[tuple[int, ...], ...]
     spans: tuple[Span, ...]
     memory: tuple[DeviceMemory, ...]
+
+    @property
+    def extra_work_fraction(self) -> float:
+        """The plan's own extra work over the whole-document ideal (work / ideal - 1): slicing
+        (short slices below peak, per-cell fixed costs), communication, recomputation."""
+        return self.work_time_s / self.ideal_time_s - 1.0 if self.ideal_time_s > 0 else 0.0
+
+    @property
+    def schedule_efficiency(self) -> float:
+        """work / step: how well the schedule packs the plan's own work (balance and bubbles only)."""
+        return self.work_time_s / self.step_time_s if self.step_time_s > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """The stable JSON keys of ``slimpack simulate --json``."""
@@ -69,7 +87,10 @@ class SimResult:
             "step": self.step,
             "step_time_s": self.step_time_s,
             "ideal_time_s": self.ideal_time_s,
+            "work_time_s": self.work_time_s,
             "efficiency": self.efficiency,
+            "extra_work_fraction": self.extra_work_fraction,
+            "schedule_efficiency": self.schedule_efficiency,
             "bubble_fraction": self.bubble_fraction,
             "num_tokens": self.num_tokens,
             "tokens_per_s": self.tokens_per_s,
@@ -80,4 +101,6 @@ class SimResult:
             "oom": self.oom,
             "forward_group_times_s": [list(p) for p in self.forward_group_times_s],
             "backward_group_times_s": [list(p) for p in self.backward_group_times_s],
+            "forward_group_cells": [list(p) for p in self.forward_group_cells],
+            "backward_group_cells": [list(p) for p in self.backward_group_cells],
         }

@@ -7,6 +7,14 @@ deterministic and exact for the model, with no event-queue tie-breaking. After i
 every stage all-reduces its gradients over the data-parallel group (ring, once all replicas have
 reached that point) and runs the optimizer; the step ends when the slowest stage is done.
 
+An action is charged as the runtime runs it: one cost-model call per cell of its group (``plan.cells``:
+the slices it shares with one group of the other direction), so an asymmetric group of k cells
+pays k calls' fixed costs and runs k smaller GEMMs.
+
+The ideal step time is the whole-document work of the trained samples over the GPUs
+(``CostModel.whole_document_seconds``), the same for every plan of the same samples; the plan's own
+modelled work (``work_time_s``) is reported beside it.
+
 Memory per device: model states, plus each slice's kept activations from the start of the forward
 that computes it until the end of the backward that consumes it, plus the working set of the action
 running (one layer's full activations).
@@ -20,23 +28,32 @@ from collections.abc import Sequence
 import numpy as np
 
 from slimpack.cost import CostModel, model_training_flops
+from slimpack.plan.cells import pipeline_cells
 from slimpack.plan.check import check_groups, schedule_graph
-from slimpack.plan.types import Group, Plan, segments
+from slimpack.plan.types import PipelinePlan, Plan
 from slimpack.schedule.dag import P2P
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
-GroupArrays = tuple[np.ndarray, np.ndarray, int]
-"""A group as the cost model takes it: tokens per slice, prefix per slice (float, as the cost model
-computes with it), total tokens."""
+CellArrays = tuple[np.ndarray, np.ndarray]
+"""A cell as the cost model takes it: tokens and prefix (float, as the cost model computes with it)
+of each of its attention segments."""
 
 
-def _group_arrays(groups: Sequence[Group]) -> list[GroupArrays]:
-    """Each group's attention segments (contiguous slices of one sample merged, see ``segments``)."""
-    out = []
-    for group in groups:
-        tokens, prefix = zip(*segments(group), strict=True) if group else ((), ())
-        out.append((np.array(tokens, dtype=np.int64), np.array(prefix, dtype=np.float64), sum(tokens)))
-    return out
+def group_cells(pipe: PipelinePlan, *, where: str = "pipeline") -> tuple[list[list[CellArrays]], list[list[CellArrays]]]:
+    """(per forward group, per backward group) the cells it runs, each as its segments' arrays:
+    what one action costs is the sum of one cost-model call per cell (the runtime runs each cell as
+    its own GEMMs and attention call). A forward group's cells are in their order in the group; a
+    backward group's in forward-group order."""
+    forward: list[list[CellArrays]] = []
+    backward: list[list[CellArrays]] = [[] for _ in pipe.backward]
+    for cells in pipeline_cells(pipe.forward, pipe.backward, name=where):
+        forward.append([])
+        for cell in cells:
+            arrays = (np.array([r.end - r.start for r in cell.runs], dtype=np.int64),
+                      np.array([r.start for r in cell.runs], dtype=np.float64))
+            forward[-1].append(arrays)
+            backward[cell.key[1]].append(arrays)
+    return forward, backward
 
 
 class _PipelineRun:
@@ -50,12 +67,13 @@ class _PipelineRun:
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
-        self.fwd = _group_arrays(pipe.forward)
-        self.bwd = _group_arrays(pipe.backward)
+        self.fwd, self.bwd = group_cells(pipe, where=f"pipelines[{index}]")
+        group_tokens = {"F": [sum(int(t.sum()) for t, _ in cells) for cells in self.fwd],
+                        "B": [sum(int(t.sum()) for t, _ in cells) for cells in self.bwd]}
         graph, topo = schedule_graph(pipe, plan.config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
         self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
-        self.tokens = [(self.fwd if a.kind == "F" else self.bwd)[a.group][2] for _, a in graph.nodes]
+        self.tokens = [group_tokens[a.kind][a.group] for _, a in graph.nodes]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
         # (first chunk) and the head (last chunk)
         self._layers = par.chunk_layers(plan.config.model.num_layers)
@@ -73,9 +91,9 @@ class _PipelineRun:
     def _group_time(self, cost: CostModel, kind: str, group: int, vstage: int) -> float:
         key = (kind, group, self._layers[vstage], vstage == 0, vstage == self.pp * self.chunks - 1)
         if key not in self._times:
-            tokens, prefix, _ = (self.fwd if kind == "F" else self.bwd)[group]
-            self._times[key] = cost.group_time(tokens, prefix, virtual_stage=vstage,
-                                               backward=kind == "B", cp=self.cp)
+            cells = (self.fwd if kind == "F" else self.bwd)[group]
+            self._times[key] = sum(cost.group_time(tokens, prefix, virtual_stage=vstage, backward=kind == "B",
+                                                   cp=self.cp) for tokens, prefix in cells)
         return self._times[key]
 
     def _timeline(self, cost: CostModel, preds: list[list[tuple[int, int]]],
@@ -146,8 +164,13 @@ class _PipelineRun:
                             times_s=tuple(times), live_bytes=tuple(live))
 
 
-def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -> SimResult:
-    """Simulate one step of ``plan``. ``check`` runs the plan checker first (the default)."""
+def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
+             document_lengths: Sequence[int] | None = None) -> SimResult:
+    """Simulate one step of ``plan``. ``check`` runs the plan checker first (the default).
+
+    ``document_lengths``: the whole documents the plan trains, for the ideal step time and MFU, when
+    its samples are pieces of them (fixed-length packing cuts documents at sequence boundaries);
+    by default the plan's trained samples."""
     cost = cost or CostModel(plan.config)
     if check:
         check_groups(plan)  # the schedule's checks run as each pipeline's graph is built
@@ -167,18 +190,22 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -
             spans.append(Span(run.index, stage, "optim", -1, 0, ready + sync, ready + sync + optim, 0))
         step_time = max(step_time, ready + sync + optim)
     stage_devices = par.pp * par.dp
-    ideal = busy / stage_devices
+    work = busy / stage_devices
     lengths = plan.sample_lengths()
     deferred = set(plan.deferred)
-    run_lengths = [length for sid, length in lengths.items() if sid not in deferred]
-    num_tokens = sum(run_lengths)
-    model_flops = float(np.sum(model_training_flops(config.model, np.asarray(run_lengths, dtype=np.float64))))
+    run_lengths = np.asarray([length for sid, length in lengths.items() if sid not in deferred], dtype=np.float64)
+    num_tokens = int(run_lengths.sum())
+    if document_lengths is not None:
+        assert sum(document_lengths) == num_tokens, (sum(document_lengths), num_tokens)
+        run_lengths = np.asarray(document_lengths, dtype=np.float64)
+    ideal = cost.whole_document_seconds(run_lengths) / par.num_devices
+    model_flops = float(np.sum(model_training_flops(config.model, run_lengths)))
     memory = tuple(m for run in runs for m in run.memory(cost))
     peak = tuple(max((m.peak_bytes for m in memory if m.stage == d), default=0.0) for d in range(par.pp))
     capacity = config.cluster.usable_memory_bytes
     bubble = 1.0 - busy / (stage_devices * compute_end) if compute_end > 0 else 0.0
     return SimResult(
-        strategy=plan.strategy, step=plan.step, step_time_s=step_time, ideal_time_s=ideal,
+        strategy=plan.strategy, step=plan.step, step_time_s=step_time, ideal_time_s=ideal, work_time_s=work,
         efficiency=ideal / step_time if step_time > 0 else 0.0, bubble_fraction=bubble,
         num_tokens=num_tokens, tokens_per_s=num_tokens / step_time if step_time > 0 else 0.0,
         mfu=model_flops / (step_time * par.num_devices * config.cluster.peak_flops) if step_time > 0 else 0.0,
@@ -186,4 +213,6 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True) -
         oom=any(p > capacity for p in peak),
         forward_group_times_s=tuple(run.group_times[0] for run in runs),
         backward_group_times_s=tuple(run.group_times[1] for run in runs),
+        forward_group_cells=tuple(tuple(len(cells) for cells in run.fwd) for run in runs),
+        backward_group_cells=tuple(tuple(len(cells) for cells in run.bwd) for run in runs),
         spans=tuple(spans), memory=memory)

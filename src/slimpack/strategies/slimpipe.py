@@ -2,22 +2,26 @@
 Parallelism for Long-Context LLM Training", arXiv 2504.14519).
 
 Megatron's fixed-length packed sequences (``fixed.pack_fixed_length``, dealt round-robin over the
-replicas) are each cut uniformly into ``n`` slices at ``slice_align`` boundaries, and the pipeline runs
-1F1B at slice granularity: a sequence's forward slices in order, its backward slices in reverse, so
+replicas) are each cut into ``n`` slices of equal training cost (forward + backward, from the cost
+model) at ``slice_align`` boundaries, and the pipeline runs 1F1B at slice granularity: a sequence's forward slices in order, its backward slices in reverse, so
 the last stage runs every forward slice of a sequence before the first of its backwards. In a Plan
 that is forward groups = the slices in order and backward groups = the same slices with each
 sequence's slices reversed, run by SlimPipe's slice-level 1F1B (``schedule.builders.slice_1f1b``): stage s runs
 n + pp - 1 - s forward slices before its first backward, then alternates one backward and one
 forward, so a stage holds the activations of at most (n + pp - 1)/n sequences instead of pp. Slicing shrinks the activation memory of one unit by n and the warm-up bubble with it.
-``n`` is chosen per step by simulating each candidate and keeping the fastest that fits in memory
-(the one with the least peak memory if none fits). SlimPipe's redistribution of attention work
-between pipeline ranks (later slices attend to more keys) is left out. Must not import torch.
+``n`` is chosen per step by simulating each candidate (up to 32 slices) and keeping the fastest that
+fits in memory (the one with the least peak memory if none fits).
+SlimPipe evens out causal attention (later slices attend to more keys) by exchanging attention
+context between pipeline ranks; a plan cannot express that exchange, so cost-balanced slices stand
+in for what it achieves: every slice of a sequence takes about the same time. Must not import torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+
+import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -27,15 +31,41 @@ from slimpack.schedule.builders import slice_1f1b
 from slimpack.sim import simulate
 from slimpack.strategies.fixed import pack_fixed_length
 
-NUM_SLICES = (1, 2, 4, 8)
+NUM_SLICES = (1, 2, 4, 8, 16, 32)
+
+SliceCost = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""Cost of slices given their tokens and prefixes (numpy arrays in, an array out)."""
 
 
-def slice_sequence(sequence: Sequence[Slice], n: int, align: int) -> list[Group]:
-    """Cut a packed sequence of whole documents into ``n`` chunks of about equal tokens, boundaries on
-    multiples of ``align``; each chunk is the group of document pieces inside it (fewer than ``n``
-    chunks when the sequence is too short to cut that finely)."""
+def cumulative_cost(sequence: Sequence[Slice], positions: np.ndarray, cost: SliceCost) -> np.ndarray:
+    """Cost of the first ``positions[i]`` tokens of a packed sequence: the whole documents before the
+    position plus the piece of the one it falls in (that piece starts at the document's offset)."""
+    lengths = np.array([s.tokens for s in sequence], dtype=np.float64)
+    starts = np.array([s.start for s in sequence], dtype=np.float64)
+    ends = np.cumsum(lengths)
+    whole = np.concatenate([[0.0], np.cumsum(cost(lengths, starts))])
+    inside = np.searchsorted(ends, positions, side="right")  # the document each position falls in
+    inside_clipped = np.minimum(inside, len(sequence) - 1)
+    offset = positions - (ends[inside_clipped] - lengths[inside_clipped])
+    partial = np.where((inside < len(sequence)) & (offset > 0),
+                       cost(np.maximum(offset, 1.0), starts[inside_clipped]), 0.0)
+    return whole[inside] + partial
+
+
+def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCost | None = None) -> list[Group]:
+    """Cut a packed sequence of whole documents into ``n`` chunks, boundaries on multiples of
+    ``align``: of about equal ``cost`` (equal tokens without one); each chunk is the group of document
+    pieces inside it (fewer than ``n`` chunks when the sequence is too short to cut that finely)."""
     total = sum(s.tokens for s in sequence)
-    cuts = sorted({0, total, *(min(total, round(j * total / n / align) * align) for j in range(1, n))})
+    if cost is None or n == 1:
+        cuts = sorted({0, total, *(min(total, round(j * total / n / align) * align) for j in range(1, n))})
+    else:
+        positions = np.arange(0, total + align, align, dtype=np.float64).clip(max=total)
+        reached = cumulative_cost(sequence, positions, cost)
+        targets = reached[-1] * np.arange(1, n) / n
+        picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
+        nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
+        cuts = sorted({0, total, *(int(positions[p - 1 if back else p]) for p, back in zip(picks, nearer, strict=True))})
     groups: list[Group] = []
     for a, b in zip(cuts, cuts[1:], strict=False):
         pieces, offset = [], 0
@@ -60,12 +90,15 @@ class SlimPipePlanner:
         context, shortest = config.train.max_context, config.planner.min_slice_tokens
         # slices shorter than the planner's minimum run kernels far below peak: not worth trying
         self.candidates = tuple(n for n in num_slices if n == 1 or context // n >= shortest) or (1,)
+        forward, backward = (self.cost.slice_cost_function(backward=b) for b in (False, True))
+        self.slice_cost: SliceCost = lambda tokens, prefix: forward(tokens, prefix) + backward(tokens, prefix)
 
     def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int) -> Plan:
         par = self.config.parallel
         pipelines = []
         for replica in range(par.dp):
-            chunks = [slice_sequence(seq, n, self.config.planner.slice_align) for seq in sequences[replica::par.dp]]
+            chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
+                      for seq in sequences[replica::par.dp]]
             forward = tuple(g for seq in chunks for g in seq)
             backward = tuple(g for seq in chunks for g in reversed(seq))
             pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)

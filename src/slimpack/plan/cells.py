@@ -1,10 +1,13 @@
-"""How a pipeline's forward and backward groups decompose into cells (no torch needed).
+"""How a pipeline's forward and backward groups decompose into cells.
 
 The slices of forward group g that belong to backward group b form the *cell* (g, b): the unit
-that gets its own autograd graph on a stage (see ``executor``). Inside a cell, consecutive slices
-of one sample form a *run*, one attention segment ([a, b) and [b, c) together are [a, c)).
-``GroupLayout`` checks that the groups are well formed (both partitions hold the same slices; each
-sample's slices tile [0, length)) and maps rows between a cell and its groups' packed layouts.
+that gets its own autograd graph on a stage (see ``runtime.executor``), and so its own GEMMs,
+attention call and per-call overheads. Inside a cell, consecutive slices of one sample form a
+*run*, one attention segment ([a, b) and [b, c) together are [a, c)).
+``pipeline_cells`` is the decomposition (the simulator charges one call per cell from it);
+``GroupLayout`` also checks that the groups are well formed (both partitions hold the same slices;
+each sample's slices tile [0, length)) and maps rows between a cell and its groups' packed layouts.
+Must not import torch.
 """
 
 from __future__ import annotations
@@ -26,6 +29,46 @@ class Run:
     sample_id: int
     start: int
     end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    key: tuple[int, int]
+    """(forward group, backward group)."""
+    slices: tuple[Slice, ...]
+    runs: tuple[Run, ...]
+
+
+def pipeline_cells(forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]], *,
+                   name: str = "pipeline") -> list[list[Cell]]:
+    """Per forward group, its cells in the order of their first slice in the group. Raises
+    ``ValueError`` for a cell no order can run (see ``cell_runs``)."""
+    backward_of = {s: b for b, group in enumerate(backward) for s in group}
+    cells = []
+    for g, group in enumerate(forward):
+        members: dict[int, list[Slice]] = {}
+        for s in group:
+            members.setdefault(backward_of[s], []).append(s)
+        cells.append([Cell((g, b), tuple(slices), cell_runs(g, b, slices, name=name)) for b, slices in members.items()])
+    return cells
+
+
+def cell_runs(g: int, b: int, slices: Sequence[Slice], *, name: str = "pipeline") -> tuple[Run, ...]:
+    """The attention segments of cell (g, b): each sample's slices in the cell must be consecutive
+    (the slice between two of them would have to run backward both before and after them)."""
+    per_sample: dict[int, list[Slice]] = {}
+    for s in slices:
+        per_sample.setdefault(s.sample_id, []).append(s)
+    runs = []
+    for sid, items in per_sample.items():
+        items.sort(key=lambda s: s.start)
+        for s, t in zip(items, items[1:], strict=False):
+            if s.end != t.start:
+                raise ValueError(
+                    f"{name}: slices {fmt_slice(s)} and {fmt_slice(t)} share forward group {g} and "
+                    f"backward group {b} but a slice between them does not; no order can run them")
+        runs.append(Run(sid, items[0].start, items[-1].end))
+    return tuple(runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +103,8 @@ class GroupLayout:
                              f"{', '.join(map(fmt_slice, extra))}")
         self.by_sample = self._check_tiling()
         """Each sample's slices in position order."""
-        self.cells = {g: self._cells_of(g) for g in range(len(self.forward))}
+        self.cells = {g: [self._cell(cell) for cell in cells]
+                      for g, cells in enumerate(pipeline_cells(self.forward, self.backward, name=name))}
         """Cells per forward group, in the order of their first slice in the group."""
 
     def group_tokens(self, kind: str, group: int) -> int:
@@ -120,26 +164,13 @@ class GroupLayout:
                                  f"{self.lengths[sid]}")
         return by_sample
 
-    def _cells_of(self, g: int) -> list[CellSpec]:
-        members: dict[int, list[Slice]] = {}
-        for s in self.forward[g]:
-            members.setdefault(self.bg_of[s], []).append(s)
-        return [self._cell(g, b, tuple(slices)) for b, slices in members.items()]
-
-    def _cell(self, g: int, b: int, slices: tuple[Slice, ...]) -> CellSpec:
+    def _cell(self, cell: Cell) -> CellSpec:
+        (g, b), slices, runs = cell.key, cell.slices, cell.runs
         per_sample: dict[int, list[Slice]] = {}
         for s in slices:
             per_sample.setdefault(s.sample_id, []).append(s)
-        runs = []
-        for sid, items in per_sample.items():
+        for items in per_sample.values():
             items.sort(key=lambda s: s.start)
-            for s, t in zip(items, items[1:], strict=False):
-                if s.end != t.start:
-                    # the slice between them would have to run backward both before and after them
-                    raise ValueError(
-                        f"{self.name}: slices {fmt_slice(s)} and {fmt_slice(t)} share forward group {g} and "
-                        f"backward group {b} but a slice between them does not; no order can run them")
-            runs.append(Run(sid, items[0].start, items[-1].end))
         fg_rows: list[int] = []
         bg_rows: list[int] = []
         for run in runs:
