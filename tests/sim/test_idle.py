@@ -1,8 +1,8 @@
 """The idle-time split of a simulated step, on closed-form pipelines."""
 
 import pytest
-from helpers import UniformCost, config, one_sample_per_group_plan
 
+from helpers import UniformCost, config, one_sample_per_group_plan
 from slimpack.sim import simulate
 from slimpack.sim.idle import idle_split, split_spans
 from slimpack.sim.result import Span
