@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from slimpack.cost import CostModel
-from slimpack.errors import UserError
+from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import Plan, Sample
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -44,10 +44,19 @@ def plan_fits(plan: Plan, cost: CostModel) -> bool:
 
 
 def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+    """The baseline candidates' plans of ``batch``; a baseline that cannot plan it (e.g. under
+    interleaving, a group count that is not a multiple of pp) is left out."""
     from slimpack.strategies import make_planner  # the registry imports this package
 
-    names = [n for n in BASELINE_CANDIDATES if n != "kk" or len(batch) <= KK_MAX_SAMPLES]
-    return [make_planner(name, config).plan(batch, step=step) for name in names]
+    plans = []
+    for name in BASELINE_CANDIDATES:
+        if name == "kk" and len(batch) > KK_MAX_SAMPLES:
+            continue
+        try:
+            plans.append(make_planner(name, config).plan(batch, step=step))
+        except ScheduleError:
+            continue
+    return plans
 
 
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool) -> Plan:
