@@ -128,3 +128,19 @@ def test_interleaved_layouts_get_whole_sample_cost_balanced_groups():
     for pipe in plan.pipelines:
         assert pipe.symmetric and len(pipe.forward) % 2 == 0
         assert all(s.start == 0 for g in pipe.forward for s in g)  # no slicing under interleaving
+
+
+def test_a_stage_never_holds_more_than_the_smallest_cap_before_it():
+    """Stage 0 must run at least the forwards stage 1 runs before each backward, so a larger cap on
+    stage 1 must not push stage 0 past its own (1F1B with look-ahead 2, 6 unit groups, caps 1 and 5)."""
+    from slimpack.schedule.builders import dependency_aware
+
+    order = dependency_aware(list(range(1, 7)), num_forward=6, pp=2, lookahead=2, forward_tokens=[1.0] * 6,
+                             backward_tokens=[1.0] * 6, cap_tokens=[1.0, 5.0])
+    for stage in order:
+        held = most = 0
+        for action in stage:
+            held += 1 if action.kind == "F" else 0
+            most = max(most, held)
+            held -= 1 if action.kind == "B" else 0
+        assert most == 1

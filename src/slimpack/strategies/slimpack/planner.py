@@ -46,6 +46,9 @@ HEAVY_HEAD = 0.05
 SCORE_PIPELINES = 2
 """The most loaded pipelines simulated per candidate (plus those with the most tokens and the
 longest sample, for memory)."""
+FULL_SEARCH_EVERY = 8
+"""Steps whose number is a multiple of this run the full candidate search; the others search
+around the previous step's winner (about a third of the candidates)."""
 MERGE_REBALANCES = 3
 """Times a DP-Merged pipeline's share of the batch is corrected by its simulated finish time."""
 MERGE_FINISH_TOLERANCE = 0.02
@@ -100,6 +103,8 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._seed: Shape | None = None
+        """The previous step's winning shape, which seeds this step's search."""
 
     # ---- costs ----------------------------------------------------------------------------
     def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
@@ -262,10 +267,11 @@ class SlimPackPlanner:
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
         return [bins[b] for b in sorted(picked)]
 
-    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> dict[Shape, Score]:
+    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample], seed: Shape | None) -> dict[Shape, Score]:
         """Every candidate scored for these bins: a coarse sweep of K with asymmetric and symmetric
         backward groups, then the best K's neighbours, the bounded asymmetry, the look-aheads, the
-        last-stage balance and whole samples at the best shape."""
+        last-stage balance and whole samples at the best shape. With a ``seed`` (the previous
+        step's winner: consecutive batches of one stream are alike) only its neighbourhood."""
         scored_bins = self._scored_bins(bins, samples)
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
@@ -284,6 +290,15 @@ class SlimPackPlanner:
             evaluate({best._replace(num_groups=max(pp, round(best.num_groups * f / pp) * pp)) for f in (0.7, 1.4)})
             return scores
         modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
+        if seed is not None:
+            best = evaluate({seed._replace(num_groups=max(1, min(limit, round(seed.num_groups * f))))
+                             for f in (0.8, 1.0, 1.25)})
+            others = {best._replace(backward=mode) for mode in (*modes, BOUNDED)[:len(modes) + knobs.use_asymmetric]}
+            if knobs.use_slicing:
+                others.add(best._replace(slicing=not best.slicing, backward=SYMMETRIC if best.slicing else ASYMMETRIC))
+            best = evaluate(others)
+            evaluate({best._replace(lookahead=la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
+            return scores
         best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
@@ -345,6 +360,7 @@ class SlimPackPlanner:
         best = None
         tried = 0
         layouts: set[tuple] = set()
+        seed = self._seed if step % FULL_SEARCH_EVERY and not self.interleaved else None
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
             bins = balance(loads, par.dp, merges)
@@ -352,7 +368,7 @@ class SlimPackPlanner:
             if layout in layouts:
                 continue  # this threshold merges nothing new
             layouts.add(layout)
-            scores = self._search(bins, samples)
+            scores = self._search(bins, samples, seed)
             tried += len(scores)
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
             candidates = [(scores, bins, 1.0)]
@@ -364,6 +380,7 @@ class SlimPackPlanner:
                     best = (scored[shape], layout_bins, shape, share, len(merges), scored, speed)
         assert best is not None
         _, bins, shape, share, num_merged, scores, merged_speed = best
+        self._seed = shape
         ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         pipelines, fallbacks = [], 0
@@ -375,7 +392,8 @@ class SlimPackPlanner:
                 fallbacks += 1
             # formations are reported in the plan only (scoring does not need them)
             pipelines.append(dataclasses.replace(pipe, formations=formations(pipe.forward)))  # type: ignore[arg-type]
-        info = {"candidate": "slimpack", "num_groups": shape.num_groups, "backward": shape.backward,
+        info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
+                "num_groups": shape.num_groups, "backward": shape.backward,
                 "slicing": shape.slicing, "lookahead": shape.lookahead, "head_weight": shape.head_weight,
                 "merge_share": share, "merged_pipelines": num_merged, "merged_speed": merged_speed,
                 "candidates": tried,
