@@ -6,10 +6,14 @@ Per step:
 2. Phase 2 (``groups``/``partition``), per pipeline: samples laid out longest first (so sliced
    samples' chains sit at the front, where their forwards overlap the pipeline's warm-up), cut into
    K forward MicroPacks of equal forward cost, slicing samples at the cuts; the same slices are
-   regrouped into K backward MicroPacks of equal backward cost (asymmetric partitioning); the
-   per-stage order is the dependency-aware 1F1B under the memory cap.
-3. Candidates (K, the DP-Merge threshold, the schedule's look-ahead) are scored by the simulator;
-   the fastest plan that fits in memory wins (if none fits, the one with the least memory).
+   regrouped into K backward MicroPacks of equal backward cost (asymmetric partitioning, or a
+   bounded or symmetric grouping); the per-stage order is the dependency-aware 1F1B under each
+   stage's memory cap.
+3. Candidates (K, the backward grouping, slicing, the DP-Merge threshold and the merged pipeline's
+   share, the schedule's look-ahead) are scored by the simulator; the fastest that fits wins.
+4. Every pipeline is checked for memory (and rebuilt down a fallback ladder if it does not fit);
+   the whole plan is compared with whole-document baseline packings (``candidates``), and the
+   fastest plan that fits is returned, or one error says what would make one fit.
 Must not import torch.
 """
 
@@ -19,7 +23,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -34,6 +37,7 @@ from slimpack.strategies.slimpack.memory import fits
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
 from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
+from slimpack.strategies.slimpack.shape import ASYMMETRIC, BOUNDED, SYMMETRIC, Score, Shape, rank
 
 GROUPS_PER_STAGE = (2, 4, 8, 16, 32)
 """Candidate K = multiples of pp; the best is refined by its neighbours."""
@@ -53,43 +57,12 @@ MERGE_REBALANCES = 3
 """Times a DP-Merged pipeline's share of the batch is corrected by its simulated finish time."""
 MERGE_FINISH_TOLERANCE = 0.02
 """A merged pipeline ending within this share of the heaviest single replica's step is left as is."""
-ASYMMETRIC, BOUNDED, SYMMETRIC = "asymmetric", "bounded", "symmetric"
-"""How backward groups are formed: balanced on backward cost (the paper's asymmetric partitioning);
-balanced on backward + forward cost, which keeps them closer in tokens to the forward groups, so
-fewer activations pile up while the forwards run ahead; or the forward groups themselves."""
-
-
 @dataclass(slots=True)
 class MilpBudget:
     """The MILP refinement's share of one plan: a deadline for all its solves, and their results."""
 
     deadline: float
     results: list[MilpResult] = field(default_factory=list)
-
-
-class Shape(NamedTuple):
-    """One candidate shape of a pipeline's plan."""
-
-    num_groups: int
-    backward: str = ASYMMETRIC
-    """ASYMMETRIC, BOUNDED or SYMMETRIC backward groups."""
-    slicing: bool = True
-    """False keeps every sample whole (a baseline-like packing, scored like the rest)."""
-    lookahead: int = 0
-    head_weight: float = 0.0
-    """1.0 balances groups on the last stage's cost (layers + LM head + loss) instead of a middle
-    stage's: with a large vocabulary the last stage is the bottleneck and its per-token head work
-    makes token-heavy groups its slowest."""
-
-
-Score = tuple[bool, float, float]
-"""(fits in memory, step time, peak memory) of a candidate."""
-
-
-def rank(score: Score) -> tuple[bool, float]:
-    """Sort key: fitting candidates first, fastest first; then the least memory."""
-    fits_, time_s, peak = score
-    return (not fits_, time_s if fits_ else peak)
 
 
 class SlimPackPlanner:
