@@ -23,6 +23,10 @@ from slimpack.sim import simulate
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
 BASELINE_CANDIDATES = ("bytescale", "bfd", "kk")
+CLEAR_LEAD = 0.05
+"""When SlimPack's plan simulates this much faster than its own whole-sample packing (same
+pipelines, same simulator), whole-sample baselines are not built: they are packings of the same
+kind, and building and simulating them would double the planner's time where SlimPack leads."""
 KK_MAX_SAMPLES = 4096
 """Karmarkar-Karp's planning time grows fast with the batch (seconds at ~8K samples): above this
 many samples it is left out of the candidates."""
@@ -59,11 +63,12 @@ def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
     return plans
 
 
-def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool) -> Plan:
+def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
     """``plan`` (SlimPack's; ``fitting``: every pipeline fits) or a baseline candidate's plan
-    that the simulator finds faster, or that fits when ``plan`` does not. Raises a ``UserError``
-    when nothing fits."""
-    if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
+    that the simulator finds faster, or that fits when ``plan`` does not. ``lead``: SlimPack's
+    simulated step over its own whole-sample packing's (scored on the same pipelines); a lead
+    below ``1 - CLEAR_LEAD`` skips the baselines. Raises a ``UserError`` when nothing fits."""
+    if fitting and (len(batch) > CANDIDATES_MAX_SAMPLES or lead < 1 - CLEAR_LEAD):
         return plan
     best, best_time = None, float("inf")
     if fitting:

@@ -374,7 +374,10 @@ class SlimPackPlanner:
                 "milp": _milp_summary(milp.results if milp else None)}
         plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=tuple(pipelines), info=info)
-        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines))
+        whole = [scores[c][1] for c in scores if not c.slicing and scores[c][0]]
+        lead = scores[shape][1] / min(whole) if whole and scores[shape][0] else 1.0
+        plan.info["step_over_whole_samples"] = lead
+        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines), lead=lead)
         plan.info["planner_time_s"] = time.perf_counter() - began
         return plan
 
