@@ -9,10 +9,9 @@ from hypothesis import strategies as st
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.config.presets import cluster_preset
 from slimpack.cost import CostModel
-from slimpack.errors import UserError
+from slimpack.errors import ScheduleError, UserError
 from slimpack.plan import Sample
 from slimpack.plan.check import check_plan
-from slimpack.schedule.dag import ScheduleError
 from slimpack.schedule.default import activation_cap_tokens
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
@@ -98,7 +97,7 @@ def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, 
     if baseline_steps:
         assert not result.oom
         assert result.step_time_s <= min(baseline_steps) * (1 + 1e-9)
-    assert plan.info["candidate"] in ("slimpack", *BASELINES)
+    assert plan.info["candidate"] in ("slimpack", *BASELINES) or plan.info["candidate"].startswith("sliced bfd")
 
 
 def test_the_issue_regime_scaled_down_fits_and_keeps_up():
