@@ -58,10 +58,15 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
             "bubble_fraction", "peak_memory_bytes", "memory_capacity_bytes", "oom_steps", "planner_time_p50_s",
             "mean_delay_steps_per_token", "failed_steps"}
     assert all(keys <= set(row) for row in data["strategies"])
-    for name in ("report.md", "report.html", "throughput.png", "gantt.png", "group_times.png", "memory.png"):
+    for name in ("report.md", "report.html", "throughput.png", "step_throughput.png", "gantt.png",
+                 "group_times.png", "memory.png"):
         assert (report / name).stat().st_size > 1000
     html = (report / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == 5
+    report_text = (report / "report.md").read_text()
+    # the title block says what the figures are and on which assumptions; the idle split is there
+    assert "# slimpack comparison (simulated)" in report_text and "**Simulated**, not measured" in report_text
+    assert "fa3 kernels: GEMM 0.75 of peak" in report_text and "| strategy | fill/drain |" in report_text
     assert "slimpack compare" in (report / "report.md").read_text()
 
 

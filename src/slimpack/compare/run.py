@@ -22,6 +22,7 @@ from slimpack.data import GlobalBatchSampler, SamplerConfig
 from slimpack.errors import UserError
 from slimpack.plan.types import Plan, Sample
 from slimpack.sim import SimResult, simulate
+from slimpack.sim.idle import IdleSplit, idle_split
 from slimpack.strategies import STRATEGIES, make_planner
 
 BASELINE = "fixed"
@@ -41,6 +42,8 @@ class StepRecord:
     drain: bool = False
     """An extra step with no new samples, run so a deferring strategy trains what it still holds
     (every strategy is then charged for the same tokens)."""
+    idle: IdleSplit | None = None
+    """Where the step's idle device time went (fractions of device time, ``sim.idle``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +84,7 @@ class StrategyRun:
             "extra_work_fraction": (_ratio(sum(r.work_time_s for r in results), sum(r.ideal_time_s for r in results))
                                     - 1.0) if results else None,
             "schedule_efficiency": _ratio(sum(r.work_time_s for r in results), sum(times)) if results else None,
+            "idle": _idle(ok),
             "bubble_fraction": statistics.fmean(r.bubble_fraction for r in results) if results else None,
             "mfu": statistics.fmean(r.mfu for r in results) if results else None,
             "peak_memory_bytes": peak,
@@ -90,6 +94,16 @@ class StrategyRun:
             "mean_delay_steps_per_token": (sum(s.delayed_token_steps for s in ok) / tokens) if tokens else 0.0,
             "deferred_at_end_tokens": _deferred_at_end(self),
         }
+
+
+def _idle(steps: Sequence[StepRecord]) -> dict[str, float] | None:
+    """The steps' idle splits weighted by step time (fractions of all the steps' device time)."""
+    weighted = [(s.idle, s.result.step_time_s) for s in steps if s.idle is not None and s.result is not None]
+    total = sum(weight for _, weight in weighted)
+    if not total:
+        return None
+    keys = weighted[0][0].to_dict()
+    return {key: sum(idle.to_dict()[key] * weight for idle, weight in weighted) / total for key in keys}
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -190,6 +204,7 @@ def run_strategy(name: str, config: Config, batches: Sequence[Sequence[Sample]],
         trained = [s for s in plan.samples if s.id not in deferred]
         records.append(StepRecord(
             step=step, error=None, planner_time_s=planner_time, result=result,
+            idle=idle_split(result, {p: len(pipe.replicas) for p, pipe in enumerate(plan.pipelines)}),
             scheduled_tokens=sum(s.length for s in trained),
             delayed_token_steps=sum(s.length * (step - s.arrival_step) for s in trained),
             drain=step >= len(batches)))
