@@ -62,21 +62,23 @@ def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.mesh import Mesh
     from slimpack.runtime.model import build_model
+    from slimpack.runtime.tensor_parallel import full
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
     config = model_preset("tiny")
     net = build_model(config, seed=seed, dtype=torch.float64)
-    names = {id(p): n for n, p in net.named_parameters()}
     tokens = random_tokens(plan_lengths(plan), config.vocab_size, seed)
     runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel),
                           virtual_stages=plan.config.parallel.virtual_stages, backend="cpu", timeout_s=60)
+    names = {id(p): n for n, p in net.named_parameters()}  # after tensor parallelism replaced them
     result = runtime.step(plan, tokens, optimizer_step=False)
-    grads = {names[id(p)]: p.grad for p in runtime.parameters}
+    grads = {names[id(p)]: full(p.grad) for p in runtime.parameters}
     ref_loss, ref = _reference_grads(plan, seed)
     unsliced_loss, unsliced = _unsliced_grads(plan, seed)
     return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, ref),
             "unsliced_loss": unsliced_loss, "unsliced_errors": _errors(grads, unsliced), "stage": runtime.stage,
-            "replica": runtime.replica, "actions": sum(s.kind in "FB" for s in result.spans)}
+            "replica": runtime.replica, "actions": sum(s.kind in "FB" for s in result.spans),
+            "position": tuple(runtime.position), "rows": sum(s.tokens for s in result.spans if s.kind == "F")}
 
 
 def early_exit(rank: int, world_size: int, plan: Plan) -> dict:
@@ -153,3 +155,36 @@ def tensor_parallel_stages(rank: int, world_size: int, pipe: PipelinePlan, lengt
                      for n, p in net.named_parameters()}
     out["heads"] = (net.layers[0].num_heads, net.layers[0].num_kv_heads)
     return out
+
+
+def context_parallel_stages(rank: int, world_size: int, pipe: PipelinePlan, lengths: dict[int, int]) -> dict:
+    """All ranks form one cp group; each runs every stage of ``pipe`` (``run_in_order``) on its zigzag
+    share of the tokens; losses and gradients summed over the ranks against the unsliced reference."""
+    import torch.distributed as dist
+
+    from slimpack.config import model_preset
+    from slimpack.runtime.executor import StageExecutor
+    from slimpack.runtime.loss import count_loss_tokens
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.pipeline import default_actions, run_in_order
+    from slimpack.runtime.reference import reference_loss
+    from slimpack.runtime.verify import random_tokens
+
+    config = model_preset("tiny")
+    tokens = random_tokens(lengths, config.vocab_size, 0)
+    reference = build_model(config, seed=0)
+    ref_loss = float(reference_loss(reference, tokens))
+    net = build_model(config, seed=0)
+    executors = [StageExecutor(stage, pipe.forward, pipe.backward, sample_lengths=lengths, tokens=tokens,
+                               num_loss_tokens=count_loss_tokens(lengths.values()), backend="cpu",
+                               shard=(rank, world_size), cp_group=dist.group.WORLD)
+                 for stage in net.split(2)]
+    loss = run_in_order(executors, default_actions(pipe)).detach()
+    rows = sum(e.layout.group_tokens("F", g) for e in executors[:1] for g in range(len(pipe.forward)))
+    dist.all_reduce(loss)
+    grads = {}
+    for n, p in net.named_parameters():
+        dist.all_reduce(p.grad)
+        grads[n] = p.grad
+    ref = {n: p.grad for n, p in reference.named_parameters()}
+    return {"loss": float(loss), "ref_loss": ref_loss, "errors": _errors(grads, ref), "rows": rows}

@@ -9,6 +9,7 @@ import pytest
 from dist_workers import early_exit, gradient_check, hanging_rank, watchdog_fires
 
 from helpers import config
+from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.runtime.launch import LaunchError, spawn
 from slimpack.runtime.mesh import Mesh
@@ -23,6 +24,26 @@ def _slimpack_plan(pp: int, dp: int) -> Plan:
     cfg = config(pp=pp, dp=dp, model="tiny", max_context=256, global_batch_tokens=512)
     batch = [Sample(id=i, length=n) for i, n in enumerate(LENGTHS)]
     return make_planner("slimpack", cfg).plan(batch, step=0)
+
+
+def _layout_plan(**parallel: int) -> Plan:
+    """A SlimPack plan of the tiny model for a tp/cp/pp/dp layout."""
+    cfg = build_config(model="tiny", parallel=ParallelConfig(**parallel),
+                       train=TrainConfig(max_context=256, global_batch_tokens=512))
+    return make_planner("slimpack", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(LENGTHS)], step=0)
+
+
+def _merged_plus_ordinary_plan() -> Plan:
+    """dp 3: replicas 0 and 1 merged into a cp-2 pipeline for a long, sliced sample with asymmetric
+    groups; replica 2 an ordinary pipeline of short samples."""
+    s = [Slice(0, 0, 120), Slice(0, 120, 200), Slice(1, 0, 30)]
+    merged = PipelinePlan(replicas=(0, 1), cp=2, forward=((s[0],), (s[1], s[2])), backward=((s[1],), (s[2], s[0])))
+    short = [Slice(2, 0, 50), Slice(3, 0, 41), Slice(4, 0, 7)]
+    ordinary = PipelinePlan(replicas=(2,), cp=1, forward=((short[0],), (short[1], short[2])),
+                            backward=((short[0],), (short[1], short[2])))
+    samples = tuple(Sample(id=i, length=n) for i, n in enumerate((200, 30, 50, 41, 7)))
+    return Plan(config=config(pp=1, dp=3, model="tiny", max_context=256), strategy="hand", samples=samples,
+                pipelines=(merged, ordinary))
 
 
 def _merged_plan() -> Plan:
@@ -57,12 +78,25 @@ def _check(results: list[dict]) -> float:
 
 
 def test_mesh_layout():
+    """tp innermost, then cp, dp, pp (the cost model's rank order)."""
     mesh = Mesh(dp=2, pp=3)
-    assert [mesh.coords(r) for r in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert mesh.stage_ranks(1) == (1, 4)
-    assert (mesh.next_rank(2), mesh.prev_rank(3)) == (0, 5)
-    merged = PipelinePlan(replicas=(1, 0), cp=2, forward=(), backward=())
-    assert mesh.executing_replica(merged) == 1
+    assert [mesh.coords(r) for r in range(6)] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
+    assert mesh.stage_ranks(1) == (2, 3)
+    assert (mesh.peer(4, 0), mesh.peer(1, 2)) == (0, 5)  # same replica, other stage
+    big = Mesh(tp=2, cp=2, dp=3, pp=2)
+    assert big.world_size == 24 and big.rank(2, 1, cp_rank=1, tp_rank=0) == ((1 * 3 + 2) * 2 + 1) * 2
+    assert all(big.rank(*big.position(r)[:2], cp_rank=big.position(r).cp_rank,
+                        tp_rank=big.position(r).tp_rank) == r for r in range(24))
+    assert big.stage_ranks(0, tp_rank=1) == (1, 3, 5, 7, 9, 11)  # dp x cp ranks with the same shards
+    merged = PipelinePlan(replicas=(1, 2), cp=4, forward=(), backward=())
+    assert big.cp_ranks(merged, 1, tp_rank=1) == (17, 19, 21, 23)  # consecutive replicas: one block
+    assert big.cp_shard(merged, 21) == (2, 4)
+
+
+def test_mesh_checks_the_plan_layout():
+    plan = _asymmetric_plan()
+    with pytest.raises(ValueError, match=r"the plan is for tp=1 x cp=1 x dp=1 x pp=2, the mesh is tp=2"):
+        Mesh(tp=2, dp=1, pp=2).check_plan(plan)
 
 
 @pytest.mark.parametrize("pp,dp", [(2, 1), (1, 2)])
@@ -89,11 +123,14 @@ def test_asymmetric_groups_over_two_stages():
     _check(results)
 
 
-def test_merged_pipeline_runs_on_its_first_replica():
-    results = spawn(gradient_check, 2, (_merged_plan(), 2), timeout_s=120)
-    assert sorted(r["actions"] for r in results) == [0, 2]  # replica 1 is idle for the merged pipeline
-    worst = max(e for r in results for e in r["errors"].values())
-    assert worst < 1e-10 and all(abs(r["loss"] - r["ref_loss"]) <= 1e-12 * r["ref_loss"] for r in results)
+def test_merged_pipeline_is_context_parallel_over_its_replicas():
+    """DP-Merge: both replicas run the merged pipeline, each on its zigzag half of every slice."""
+    plan = _merged_plan()
+    results = spawn(gradient_check, 2, (plan, 2), timeout_s=120)
+    assert [r["actions"] for r in results] == [2, 2]
+    total = sum(s.length for s in plan.samples)
+    assert sum(r["rows"] for r in results) == total and all(abs(r["rows"] - total / 2) <= 8 for r in results)
+    _check(results)
 
 
 def test_dead_rank_fails_the_others_quickly():
@@ -120,3 +157,41 @@ def test_watchdog_ends_a_stuck_process():
     with pytest.raises(LaunchError, match="rank 0: exited with code 3"):
         spawn(watchdog_fires, 1, timeout_s=20)
     assert time.monotonic() - began < 15
+
+
+def test_tp2_plan_gradients_match_one_process():
+    plan = _layout_plan(tp=2)
+    results = spawn(gradient_check, 2, (plan, 0), timeout_s=120)
+    assert [r["position"] for r in results] == [(0, 0, 0, 0), (0, 0, 0, 1)]
+    assert results[0]["rows"] == results[1]["rows"] == sum(LENGTHS)  # tp ranks see every token
+    _check(results)
+
+
+def test_cp2_layout_shards_every_sample():
+    plan = _layout_plan(cp=2)
+    assert {p.cp for p in plan.pipelines} == {2}
+    results = spawn(gradient_check, 2, (plan, 0), timeout_s=120)
+    assert [r["position"] for r in results] == [(0, 0, 0, 0), (0, 0, 1, 0)]
+    assert sum(r["rows"] for r in results) == sum(LENGTHS) and abs(results[0]["rows"] - results[1]["rows"]) <= 8
+    _check(results)
+
+
+@pytest.mark.slow
+def test_dp_merge_pair_beside_an_ordinary_replica():
+    """3 ranks: the merged pair runs the outlier context-parallel, each rank its zigzag share of
+    every slice; replica 2 its own pipeline; gradients summed over dp x cp."""
+    plan = _merged_plus_ordinary_plan()
+    results = spawn(gradient_check, 3, (plan, 3), timeout_s=300)
+    # slices of 120, 80 and 30 tokens in quarters: rank 0 holds 30+30, 20+20, 7+8; rank 1 30+30, 20+20, 8+7
+    assert [r["rows"] for r in results] == [115, 115, 98]
+    _check(results)
+
+
+@pytest.mark.slow
+def test_cp2_by_pp2_on_four_ranks():
+    """Each stage's cp ranks send their own rows of a group to the same cp rank of the next stage."""
+    plan = _layout_plan(cp=2, pp=2)
+    results = spawn(gradient_check, 4, (plan, 0), timeout_s=300)
+    assert [r["position"] for r in results] == [(0, 0, 0, 0), (0, 0, 1, 0), (0, 1, 0, 0), (0, 1, 1, 0)]
+    assert results[0]["rows"] + results[1]["rows"] == sum(LENGTHS) == results[2]["rows"] + results[3]["rows"]
+    _check(results)

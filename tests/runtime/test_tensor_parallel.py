@@ -11,7 +11,6 @@ from dist_workers import tensor_parallel_stages
 from slimpack.config import model_preset
 from slimpack.plan.types import PipelinePlan, Slice
 from slimpack.runtime.launch import spawn
-from slimpack.runtime.model import build_model
 from slimpack.runtime.tensor_parallel import check_tensor_parallel
 
 TINY = model_preset("tiny")
@@ -45,6 +44,6 @@ def test_tp2_matches_the_unsliced_reference():
 
 def test_tp_must_split_whole_heads():
     with pytest.raises(ValueError, match=r"tp=3 does not divide the model's attention heads"):
-        check_tensor_parallel(build_model(TINY), 3)
+        check_tensor_parallel(TINY, 3)
     with pytest.raises(ValueError, match="tied embeddings"):
-        check_tensor_parallel(build_model(dataclasses.replace(TINY, tie_embeddings=True)), 2)
+        check_tensor_parallel(dataclasses.replace(TINY, tie_embeddings=True), 2)

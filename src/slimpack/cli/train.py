@@ -1,9 +1,9 @@
 """``slimpack train``: train a model for a few steps with a strategy's plans, one rank per
 (replica, stage), on real text available offline (the CPython standard library, byte-level).
 
-Run it under torchrun with pp x dp processes, e.g.
-``torchrun --nproc-per-node 2 -m slimpack train --model tiny --pp 2 --dp 1 --steps 2``;
-without torchrun it runs in this process when pp = dp = 1. Logs loss, tokens/s and the planner's
+Run it under torchrun with tp x cp x pp x dp processes, e.g.
+``torchrun --nproc-per-node 2 -m slimpack train --model tiny --pp 2 --dp 1 --steps 2`` (or ``--tp 2``,
+``--cp 2``); without torchrun it runs in this process when every degree is 1. Logs loss, tokens/s and the planner's
 time per step (rank 0) and can write each rank's Chrome trace of the real run. Imports torch only
 when it runs.
 """
@@ -63,22 +63,25 @@ def run(args: argparse.Namespace) -> int:
     from slimpack.runtime.loader import PlanningLoader
     from slimpack.runtime.mesh import Mesh
     from slimpack.runtime.model import build_model
+    from slimpack.runtime.tensor_parallel import check_tensor_parallel
     from slimpack.sim.result import Span
     from slimpack.sim.trace import spans_trace
 
     check_strategies([args.strategy])
     config = config_from_args(args, default=build_config(model="tiny", train=DEFAULT_TRAIN))
     par = config.parallel
-    if par.tp != 1 or par.cp != 1:
-        raise UserError(f"the runtime runs tp = cp = 1 (got tp={par.tp}, cp={par.cp}); merged CP pipelines "
-                        f"run on their first replica")
     if config.model.vocab_size != VOCAB_SIZE:
         raise UserError(f"training text is byte-level (vocabulary {VOCAB_SIZE}); model {config.model.name} has "
                         f"{config.model.vocab_size}: use --model tiny or a config with vocab_size {VOCAB_SIZE}")
-    needed = par.pp * par.dp
+    try:
+        check_tensor_parallel(config.model, par.tp)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    needed = par.num_devices
+    layout = str(Mesh.from_parallel(par))
     if "WORLD_SIZE" not in os.environ:
         if needed != 1:
-            raise UserError(f"pp={par.pp} x dp={par.dp} needs {needed} processes: run "
+            raise UserError(f"{layout} needs {needed} processes: run "
                             f"torchrun --nproc-per-node {needed} -m slimpack {' '.join(args.argv)}")
         rendezvous = tempfile.mkdtemp(prefix="slimpack-train-")
         import datetime
@@ -87,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
                                 timeout=datetime.timedelta(seconds=args.timeout))
     else:
         if int(os.environ["WORLD_SIZE"]) != needed:
-            raise UserError(f"torchrun started {os.environ['WORLD_SIZE']} processes; pp={par.pp} x dp={par.dp} "
-                            f"needs {needed}")
+            raise UserError(f"torchrun started {os.environ['WORLD_SIZE']} processes; {layout} needs {needed}")
         distributed.init(timeout_s=args.timeout)
     rank = dist.get_rank()
     if torch.cuda.is_available():
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr), timeout_s=args.timeout)
     say = print if rank == 0 else (lambda *_a, **_k: None)
     say(f"slimpack train: {config.model.name} ({config.model.num_params():,} parameters, {args.dtype}) on "
-        f"pp={par.pp} x dp={par.dp} ({needed} process(es), {dist.get_backend()}), strategy {args.strategy}, "
+        f"{layout} ({needed} process(es), {dist.get_backend()}), strategy {args.strategy}, "
         f"{len(corpus.paths)} stdlib files as bytes, max_context {config.train.max_context}, "
         f"{config.train.global_batch_tokens} tokens per batch, planning {'ahead' if args.plan_ahead else 'inline'}",
         flush=True)

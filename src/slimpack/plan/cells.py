@@ -7,6 +7,13 @@ attention call and per-call overheads. Inside a cell, consecutive slices of one 
 ``pipeline_cells`` is the decomposition (the simulator charges one call per cell from it);
 ``GroupLayout`` also checks that the groups are well formed (both partitions hold the same slices;
 each sample's slices tile [0, length)) and maps rows between a cell and its groups' packed layouts.
+
+Context parallelism (``shard=(cp_rank, cp)``): every slice is cut into 2·cp near-equal chunks and cp
+rank i holds chunks i and 2·cp−1−i (zigzag: a causal slice's early chunks have few keys, its late
+ones many, so each rank gets one of each; an unsliced document is thus sharded per document as in
+WLB-LLM and Megatron's CP). Rows are then this rank's tokens only, in the same order as without
+sharding; a cell's *pieces* are its contiguous local position ranges, one attention segment each.
+Ownership depends on the slice alone, so forward groups, backward groups and cells agree on it.
 Must not import torch.
 """
 
@@ -27,6 +34,26 @@ class Run:
     """Consecutive slices of one sample inside a cell: one attention segment."""
 
     sample_id: int
+    start: int
+    end: int
+
+
+def zigzag(start: int, end: int, shard: tuple[int, int]) -> list[tuple[int, int]]:
+    """The position ranges of [start, end) that cp rank ``shard[0]`` of ``shard[1]`` holds (non-empty)."""
+    rank, size = shard
+    if size == 1:
+        return [(start, end)] if end > start else []
+    n, parts = end - start, 2 * size
+    bounds = [start + n * j // parts for j in range(parts + 1)]
+    chunks = [(bounds[rank], bounds[rank + 1]), (bounds[parts - 1 - rank], bounds[parts - rank])]
+    return [(a, b) for a, b in chunks if b > a]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Contiguous positions [start, end) of run ``run`` of a cell that this rank holds."""
+
+    run: int
     start: int
     end: int
 
@@ -77,7 +104,9 @@ class CellSpec:
     """(forward group, backward group)."""
     slices: tuple[Slice, ...]
     runs: tuple[Run, ...]
-    """The cell's rows are its runs' tokens, run after run."""
+    """The cell's rows are its runs' tokens (this rank's, under context parallelism), run after run."""
+    pieces: tuple[Piece, ...]
+    """This rank's contiguous parts of the runs, in row order (the runs themselves without sharding)."""
     fg_rows: list[int]
     """For each row of the cell, its row in the forward group's layout."""
     bg_rows: list[int]
@@ -90,8 +119,9 @@ class GroupLayout:
     """The groups of one pipeline, indexed: which group and row each slice has, and the cells."""
 
     def __init__(self, forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]],
-                 sample_lengths: Mapping[int, int], *, name: str = "stage") -> None:
+                 sample_lengths: Mapping[int, int], *, name: str = "stage", shard: tuple[int, int] = (0, 1)) -> None:
         self.name = name
+        self.shard = shard
         self.forward = tuple(tuple(Slice(*s) for s in g) for g in forward)
         self.backward = tuple(tuple(Slice(*s) for s in g) for g in backward)
         self.lengths = dict(sample_lengths)
@@ -107,9 +137,36 @@ class GroupLayout:
                       for g, cells in enumerate(pipeline_cells(self.forward, self.backward, name=name))}
         """Cells per forward group, in the order of their first slice in the group."""
 
+    def owned(self, s: Slice, shard: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+        """Positions of slice ``s`` held by ``shard`` (default: this layout's)."""
+        return zigzag(s.start, s.end, shard or self.shard)
+
+    def local_tokens(self, s: Slice) -> int:
+        return sum(b - a for a, b in self.owned(s))
+
     def group_tokens(self, kind: str, group: int) -> int:
+        """Rows of a group on this rank."""
         groups = self.forward if kind == "F" else self.backward
-        return sum(s.tokens for s in groups[group])
+        return sum(self.local_tokens(s) for s in groups[group])
+
+    def gather_order(self, spec: CellSpec) -> tuple[list[int], int]:
+        """How the cp ranks' rows of a cell, each padded to the longest and concatenated rank after
+        rank, map back to the cell's full runs: (for each full row, its index in the concatenation;
+        padded rows per rank)."""
+        size = self.shard[1]
+        per_rank = []
+        for rank in range(size):
+            where: dict[tuple[int, int], int] = {}
+            for i, run in enumerate(spec.runs):
+                for s in self.by_sample[run.sample_id]:
+                    if run.start <= s.start < run.end:
+                        for a, b in self.owned(s, (rank, size)):
+                            for p in range(a, b):
+                                where[(i, p)] = len(where)
+            per_rank.append(where)
+        width = max(len(w) for w in per_rank)
+        owner = {key: rank * width + row for rank, where in enumerate(per_rank) for key, row in where.items()}
+        return [owner[(i, p)] for i, run in enumerate(spec.runs) for p in range(run.start, run.end)], width
 
     def cell(self, key: tuple[int, int]) -> CellSpec:
         return next(c for c in self.cells[key[0]] if c.key == key)
@@ -144,7 +201,7 @@ class GroupLayout:
                 if s in group_of:
                     raise ValueError(f"{self.name}: slice {fmt_slice(s)} is in {what} groups {group_of[s]} and {g}")
                 group_of[s], row_of[s] = g, row
-                row += s.tokens
+                row += self.local_tokens(s)
         return group_of, row_of
 
     def _check_tiling(self) -> dict[int, list[Slice]]:
@@ -173,10 +230,17 @@ class GroupLayout:
             items.sort(key=lambda s: s.start)
         fg_rows: list[int] = []
         bg_rows: list[int] = []
-        for run in runs:
+        pieces: list[Piece] = []
+        for i, run in enumerate(runs):
             for s in per_sample[run.sample_id]:
-                fg_rows.extend(range(self.fg_row[s], self.fg_row[s] + s.tokens))
-                bg_rows.extend(range(self.bg_row[s], self.bg_row[s] + s.tokens))
-        return CellSpec(key=(g, b), slices=slices, runs=tuple(runs), fg_rows=fg_rows, bg_rows=bg_rows,
+                n = self.local_tokens(s)
+                fg_rows.extend(range(self.fg_row[s], self.fg_row[s] + n))
+                bg_rows.extend(range(self.bg_row[s], self.bg_row[s] + n))
+                for a, e in self.owned(s):
+                    if pieces and pieces[-1].run == i and pieces[-1].end == a:
+                        pieces[-1] = Piece(i, pieces[-1].start, e)
+                    else:
+                        pieces.append(Piece(i, a, e))
+        return CellSpec(key=(g, b), slices=slices, runs=tuple(runs), pieces=tuple(pieces), fg_rows=fg_rows, bg_rows=bg_rows,
                         fg_identity=fg_rows == list(range(self.group_tokens("F", g))),
                         bg_identity=bg_rows == list(range(self.group_tokens("B", b))))

@@ -1,19 +1,23 @@
 """The pipeline executor over ``torch.distributed``: each rank runs its stage of the plan.
 
 Every rank of the mesh (``runtime.mesh``) builds the executors of its model chunks (chunk v = c x pp
-+ stage, c < virtual stages) for each pipeline its replica runs, then walks its stage's action list
++ stage, c < virtual stages) for each pipeline its replica takes part in, on its context-parallel
+share of the pipeline's tokens (``cells``; a DP-Merge pipeline is context-parallel over the ranks of
+all its replicas) and on its tensor-parallel shards of the model (``tensor_parallel``), then walks
+its stage's action list
 (``pipeline.order[stage]``; a ``Plan`` always carries it) lowered by ``schedule.lowering`` into
-receive / compute / send steps: ``F g`` receives the group's activation (forward-group tokens x
-hidden) from the previous virtual stage and sends its output to the next; ``B g`` receives the
-output gradient (backward-group tokens x hidden) from the next and sends its input gradient back.
+receive / compute / send steps: ``F g`` receives the group's activation (this rank's forward-group
+rows x hidden) from the previous virtual stage and sends its output to the next; ``B g`` receives the
+output gradient (backward-group rows x hidden) from the next and sends its input gradient back.
 Shapes come from the plan and dtype from the model, so no shape handshake is needed. Sends do not
 block (a stage goes on computing while its output travels); receives do. ``runtime.p2p`` posts
 each rank's sends and receives in one global order that both ends of every link share, which is
 what keeps NCCL (which ignores tags) from deadlocking. Then:
 
-- After the last action, gradients are summed over each stage's replicas (``all_reduce`` on the
-  stage's DP group). The loss is normalised by the loss tokens of the whole global batch, so the
-  sum equals the single-process gradient of ``verify`` exactly (up to summation order).
+- After the last action, gradients are summed over each stage's replicas and cp ranks
+  (``all_reduce`` on the group of ranks holding the same parameter shards). The loss is normalised
+  by the loss tokens of the whole global batch, so the sum equals the single-process gradient of
+  ``verify`` exactly (up to summation order).
 - The optimizer (any ``torch.optim`` optimizer over the rank's parameters) then steps.
 
 Failure handling: ``init`` sets the process-group timeout; each step starts with a
@@ -42,6 +46,7 @@ from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
 from slimpack.runtime.model import ModelStage, Transformer
 from slimpack.runtime.p2p import PeerFailure, PipelineLinks
+from slimpack.runtime.tensor_parallel import local, loss_context, parallelize_model
 from slimpack.schedule.lowering import Transfer, lower_action, walk
 from slimpack.sim.result import Span
 
@@ -124,8 +129,11 @@ class RankRuntime:
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.mesh = mesh
         self.rank = dist.get_rank()
-        self.replica, self.stage = mesh.coords(self.rank)
+        self.position = mesh.position(self.rank)
+        self.replica, self.stage = self.position.replica, self.position.stage
         self.groups = groups or build_process_groups(mesh)
+        if mesh.tp > 1:
+            parallelize_model(model, self.groups.tp_mesh)
         self.num_chunks = mesh.pp * virtual_stages
         chunks = model.split(self.num_chunks, stage_layers)
         self.chunk_ids = [c * mesh.pp + self.stage for c in range(virtual_stages)]
@@ -154,13 +162,14 @@ class RankRuntime:
         """Run the plan's pipelines that this rank takes part in, reduce gradients, step."""
         # the barrier reports a missing rank within timeout_s; the watchdog is the backstop for the
         # step as a whole (a peer that hangs mid-step), so it leaves the barrier time to report first
-        with Watchdog(2 * self.timeout_s + 5, f"step {plan.step}"):
+        with Watchdog(2 * self.timeout_s + 5, f"step {plan.step}"), loss_context(self.mesh.tp):
             check_peers(self.timeout_s)
             return self._step(plan, tokens, track_memory=track_memory, optimizer_step=optimizer_step)
 
     def _step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool,
               optimizer_step: bool) -> StepResult:
         self.mesh.check_plan(plan)
+        self.groups.ensure_cp_groups(plan)
         if plan.config.parallel.virtual_stages * self.mesh.pp != self.num_chunks:
             raise ValueError(f"the plan has {plan.config.parallel.virtual_stages} virtual stages, this runtime "
                              f"was built for {self.num_chunks // self.mesh.pp}")
@@ -176,20 +185,25 @@ class RankRuntime:
         for index in self.mesh.pipelines_of(plan, self.rank):
             pipe = plan.pipelines[index]
             used = {s.sample_id for g in pipe.forward for s in g}
+            shard = self.mesh.cp_shard(pipe, self.rank)
+            cp_group = (self.groups.cp_group(self.mesh.cp_ranks(pipe, self.stage, self.position.tp_rank))
+                        if shard[1] > 1 else None)
             executors = {v: StageExecutor(
                 self.chunks[v], pipe.forward, pipe.backward,
                 sample_lengths={sid: lengths[sid] for sid in used},
                 tokens={sid: tokens[sid] for sid in used} if (v == 0 or v == self.num_chunks - 1) else None,
                 num_loss_tokens=num_loss, backend=self.backend, name=f"pipeline {index} stage {self.stage}",
-                tracker=ActivationTracker(exclude=self.parameters) if track_memory else None)
+                tracker=ActivationTracker(exclude=self.parameters) if track_memory else None,
+                shard=shard, cp_group=cp_group)
                 for v in self.chunk_ids}
             loss += self._run_pipeline(index, pipe, executors, began, result)
             peaks += [e.tracker.peak_bytes for e in executors.values() if e.tracker is not None]
         result.peak_activation_bytes = max(peaks, default=0)
         compute_end = time.perf_counter()
         self._reduce_gradients()
-        loss_t = loss.to(self.device)
-        dist.all_reduce(loss_t)  # only last-stage ranks hold a loss; the sum is the global loss
+        # last-stage ranks hold a loss (each cp rank its tokens' share); tp ranks hold the same one
+        loss_t = (loss if self.position.tp_rank == 0 else torch.zeros_like(loss)).to(self.device)
+        dist.all_reduce(loss_t)
         result.loss = float(loss_t)
         sync_end = time.perf_counter()
         # the pipeline this rank's replica belongs to (under DP-Merge, not the replica's own index)
@@ -206,14 +220,13 @@ class RankRuntime:
                       began: float, result: StepResult) -> torch.Tensor:
         assert pipe.order is not None, "a Plan resolves every pipeline's order when it is made"
         pp, chunks = self.mesh.pp, self.num_chunks // self.mesh.pp
-        tokens = {kind: [sum(s.end - s.start for s in g) for g in groups]
-                  for kind, groups in (("F", pipe.forward), ("B", pipe.backward))}
+        layout = next(iter(executors.values())).layout  # this rank's rows (its cp share)
 
         def rows(transfer: Transfer) -> int:
-            return tokens[transfer.kind][transfer.group]
+            return layout.group_tokens(transfer.kind, transfer.group)
 
         links = PipelineLinks(walk(pipe.order, chunks=chunks, where=f"pipelines[{index}]"), stage=self.stage,
-                              pp=pp, rank_of_stage=lambda stage: self.mesh.rank(self.replica, stage), rows=rows,
+                              pp=pp, rank_of_stage=lambda stage: self.mesh.peer(self.rank, stage), rows=rows,
                               hidden=self.hidden, dtype=self.dtype, device=self.device)
         loss = torch.zeros((), dtype=torch.float64)
         for action in pipe.order[self.stage]:
@@ -236,7 +249,7 @@ class RankRuntime:
                     del received
                     end = time.perf_counter()
             result.spans.append(Span(index, self.stage, action.kind, action.group, action.chunk,
-                                     start - began, end - began, tokens[action.kind][action.group]))
+                                     start - began, end - began, layout.group_tokens(action.kind, action.group)))
         links.finish()
         result.wait_s += links.wait_s
         for executor in executors.values():
@@ -246,17 +259,18 @@ class RankRuntime:
         return loss
 
     def _reduce_gradients(self) -> None:
-        """Sum each parameter's gradient over the stage's replicas, as one flat tensor."""
+        """Sum each parameter's gradient over the stage's replicas and cp ranks, as one flat tensor."""
         for p in self.parameters:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         if self.groups.stage_group is not None:
-            flat = torch.cat([p.grad.reshape(-1) for p in self.parameters])
+            grads = [local(p.grad) for p in self.parameters]  # this rank's tensor-parallel shards
+            flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.groups.stage_group)
             at = 0
-            for p in self.parameters:
-                n = p.numel()
-                p.grad.copy_(flat[at:at + n].view_as(p))
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[at:at + n].view_as(g))
                 at += n
 
 

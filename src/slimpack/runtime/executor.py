@@ -22,6 +22,11 @@ without recomputation or ``retain_graph``:
   group for gradients), which is what a P2P transfer carries. The output is not kept for backward:
   a scalar anchor (``_OutputPort``) stands in as the graph root, and the gradient is injected there.
 
+- **Context parallelism** (``shard``, ``cp_group``): the stage holds only its zigzag share of every
+  slice (``cells``); inputs, outputs and gradients have this rank's rows only. Each layer
+  all-gathers a cell's K/V over the cp group (``context_parallel``); the gathered K/V are what is
+  published for later slices, and each local piece attends to them like a slice to its prefix.
+
 Activations of a cell are freed when its backward has run (the graph is dropped); an action whose
 dependencies are not met raises ``ScheduleError`` naming the action and the missing dependency.
 """
@@ -39,6 +44,7 @@ from slimpack.errors import ScheduleError
 from slimpack.plan.cells import CellSpec, GroupLayout, Run, fmt_slice
 from slimpack.plan.types import Slice
 from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
+from slimpack.runtime.context_parallel import gather_rows
 from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import ModelStage
@@ -101,13 +107,19 @@ class StageExecutor:
     every sample's length (each sample's slices must tile [0, length)). ``tokens`` (sample id → ids)
     is needed on the first stage (inputs) and the last (targets). ``num_loss_tokens`` normalises the
     loss; it must count the whole global batch (default: this pipeline's samples only).
+    ``shard`` = (cp rank, cp) and ``cp_group`` (a process group of the cp ranks) run the stage
+    context-parallel.
     """
 
     def __init__(self, stage: ModelStage, forward: Sequence[Sequence[Slice]],
                  backward: Sequence[Sequence[Slice]], *, sample_lengths: Mapping[int, int],
                  tokens: Mapping[int, torch.Tensor] | None = None, num_loss_tokens: int | None = None,
-                 backend: str = "auto", name: str = "stage", tracker: ActivationTracker | None = None) -> None:
+                 backend: str = "auto", name: str = "stage", tracker: ActivationTracker | None = None,
+                 shard: tuple[int, int] = (0, 1), cp_group: Any = None) -> None:
+        if shard[1] > 1 and cp_group is None:
+            raise ValueError(f"{name}: context parallelism over {shard[1]} ranks needs their process group")
         self.stage = stage
+        self.cp_group = cp_group
         self.name = name
         param = next(stage.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -116,7 +128,7 @@ class StageExecutor:
         if (stage.has_embedding or stage.has_head) and tokens is None:
             raise ValueError(f"{name}: the first and last stages need the token ids of every sample")
         self.tokens = {sid: t.to(self.device) for sid, t in (tokens or {}).items()}
-        self.layout = GroupLayout(forward, backward, sample_lengths, name=name)
+        self.layout = GroupLayout(forward, backward, sample_lengths, name=name, shard=shard)
         self.forward_groups, self.backward_groups = self.layout.forward, self.layout.backward
         self.lengths = self.layout.lengths
         self.num_loss_tokens = (num_loss_tokens if num_loss_tokens is not None
@@ -187,9 +199,11 @@ class StageExecutor:
         xs: list[torch.Tensor] = []
         tables = []
         leaves: list[torch.Tensor | None] = []
+        gathers = [self._gather_order(spec) for spec in specs]
         for spec in specs:
             if self.stage.has_embedding:
-                ids = torch.cat([self.tokens[r.sample_id][r.start:r.end] for r in spec.runs])
+                ids = torch.cat([self.tokens[spec.runs[p.run].sample_id][p.start:p.end] for p in spec.pieces]
+                                or [torch.zeros(0, dtype=torch.long, device=self.device)])
                 xs.append(self.stage.embed(ids))
                 leaves.append(None)
             else:
@@ -197,26 +211,28 @@ class StageExecutor:
                 rows = inputs if spec.fg_identity else inputs[torch.tensor(spec.fg_rows, device=self.device)]
                 xs.append(rows.detach().requires_grad_())
                 leaves.append(xs[-1])
-            positions = torch.cat([torch.arange(r.start, r.end, device=self.device) for r in spec.runs])
+            positions = torch.arange(0, device=self.device)
+            if spec.pieces:
+                positions = torch.cat([torch.arange(p.start, p.end, device=self.device) for p in spec.pieces])
             tables.append(rope_tables(positions, cfg.head_dim, dtype=self.dtype))
         states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
         for layer_index, block in enumerate(self.stage.layers):
-            qkv = [block.attention_inputs(x, *table) for x, table in zip(xs, tables, strict=True)]
+            qkv = []
+            for x, table, gather in zip(xs, tables, gathers, strict=True):
+                q, k, v = block.attention_inputs(x, *table)
+                if gather is not None:  # context parallel: every cp rank's K/V rows of the cell
+                    k, v = gather_rows(k, *gather, self.cp_group), gather_rows(v, *gather, self.cp_group)
+                qkv.append((q, k, v))
             for state, (_, k, v) in zip(states, qkv, strict=True):
                 self._publish(state, layer_index, k, v)
             for i, (state, (q, k, v)) in enumerate(zip(states, qkv, strict=True)):
-                prefix = [self._prefix(run, layer_index) for run in state.spec.runs]
-                cu = [0]
-                for run in state.spec.runs:
-                    cu.append(cu[-1] + run.end - run.start)
-                attn = varlen_attention(q, k, v, cu, prefix=prefix, backend=self.backend)
-                xs[i] = block.finish(xs[i], attn)
+                xs[i] = block.finish(xs[i], self._attend(state.spec, layer_index, q, k, v))
         outputs = []
         for state, x in zip(states, xs, strict=True):
             if self.stage.has_head:
-                targets = torch.cat([slice_targets(self.tokens[r.sample_id], r.start, r.end)
-                                     for r in state.spec.runs])
+                targets = torch.cat([slice_targets(self.tokens[state.spec.runs[p.run].sample_id], p.start, p.end)
+                                     for p in state.spec.pieces] or [torch.zeros(0, dtype=torch.long, device=self.device)])
                 losses_t = token_losses(self.stage.logits(x), targets)
                 state.root = losses_t.sum() / max(self.num_loss_tokens, 1)
                 outputs.append(losses_t.detach())
@@ -225,6 +241,37 @@ class StageExecutor:
                 state.root = _OutputPort.apply(x, state.port)
                 outputs.append(x.detach())
         return states, outputs
+
+    def _gather_order(self, spec: CellSpec) -> tuple[torch.Tensor, int] | None:
+        """(row index, padded rows per rank) of ``gather_rows`` for a cell, None without cp."""
+        if self.layout.shard[1] == 1:
+            return None
+        order, width = self.layout.gather_order(spec)
+        return torch.tensor(order, dtype=torch.long, device=self.device), width
+
+    def _attend(self, spec: CellSpec, layer_index: int, q_thd: torch.Tensor, k_tkd: torch.Tensor,
+                v_tkd: torch.Tensor) -> torch.Tensor:
+        """Attention of the cell's local pieces; ``k_tkd``/``v_tkd`` hold its full runs' keys. A piece
+        [a, b) of run [s, e) is a segment whose own keys are the run's [s, b), after the prefix [0, s)."""
+        if not spec.pieces:  # this cp rank holds none of the cell's tokens
+            return torch.zeros_like(q_thd)
+        starts = [0]
+        for run in spec.runs:
+            starts.append(starts[-1] + run.end - run.start)
+        whole = len(spec.pieces) == len(spec.runs) and all(
+            (p.start, p.end) == (spec.runs[p.run].start, spec.runs[p.run].end) for p in spec.pieces)
+        cu_q, cu_k, ks, vs = [0], [0], [], []
+        for p in spec.pieces:
+            first = starts[p.run]
+            keys = p.end - spec.runs[p.run].start
+            cu_q.append(cu_q[-1] + p.end - p.start)
+            cu_k.append(cu_k[-1] + keys)
+            ks.append(k_tkd[first:first + keys])
+            vs.append(v_tkd[first:first + keys])
+        if not whole:
+            k_tkd, v_tkd = torch.cat(ks), torch.cat(vs)
+        prefix = [self._prefix(spec.runs[p.run], layer_index) for p in spec.pieces]
+        return varlen_attention(q_thd, k_tkd, v_tkd, cu_q, cu_k, prefix=prefix, backend=self.backend)
 
     def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
         """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""

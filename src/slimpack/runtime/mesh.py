@@ -1,14 +1,24 @@
-"""The process mesh: which rank runs which (replica, stage), and the process groups between them.
+"""The process mesh: which rank runs which (replica, stage, cp rank, tp rank), and its process groups.
 
-Ranks are laid out replica-major: rank = replica x pp + stage (tp = 1; the runtime does not shard
-layers). A plan's pipeline runs on the ranks of its replicas; a pipeline merged into a CP group
-(several replicas, DP-Merge) is executed by the ranks of its *first* replica only, unsplit (CP does
-not change the numerics), and the other replicas' ranks sit idle for it. That keeps gradients exact;
-it does not give the merged pipeline the speed of real context parallelism.
+Ranks are laid out as the cost model assumes (``cost.comm``): tensor-parallel ranks innermost, then
+context, then data, then pipeline:
 
-Process groups: one per stage holding that stage's rank in every replica (the data-parallel
-gradient all-reduce of that stage's parameters); P2P neighbours are the previous and next stage of
-the same replica (with virtual stages the last stage's next is stage 0 again).
+    rank = ((stage x dp + replica) x cp + cp_rank) x tp + tp_rank
+
+so a tensor-parallel group is tp consecutive ranks, a replica's cp group of one stage is tp·cp
+consecutive ranks, and the replicas of a DP-Merge group (consecutive replica indices, as the
+planner merges them) are consecutive too.
+
+A plan's pipeline runs on the ranks of all its replicas. Its context-parallel group on one stage and
+tp rank is, in order, the cp ranks of its first replica, then those of its second, ...: a pipeline of
+the layout's cp on one replica, or a DP-Merge group of k replicas with cp·k ranks (``PipelinePlan.cp``).
+
+Process groups: per (stage, tp rank), the dp·cp ranks holding the same parameter shards (the
+data-parallel gradient all-reduce: every cp rank computes its own tokens' share of the gradients);
+per pipeline with cp > 1, its cp group on each (stage, tp rank) (``ProcessGroups.cp_group``); the
+tensor-parallel groups come from a ``DeviceMesh`` (torch's tensor-parallel API needs one). P2P
+neighbours are the previous and next stage at the same (replica, cp rank, tp rank); with virtual
+stages the last stage's next is stage 0 again.
 
 This module holds pure layout arithmetic (``Mesh``) and ``build_process_groups``, which needs an
 initialised ``torch.distributed``.
@@ -16,99 +26,155 @@ initialised ``torch.distributed``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from slimpack.config import ParallelConfig
 from slimpack.plan.types import PipelinePlan, Plan
 
 
+class Position(NamedTuple):
+    replica: int
+    stage: int
+    cp_rank: int
+    tp_rank: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Mesh:
-    """dp x pp ranks. ``world_size`` must equal dp x pp (tp and cp are executed as 1, see above)."""
+    """tp x cp x dp x pp ranks (tp innermost)."""
 
     dp: int
     pp: int
+    tp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        if self.dp < 1 or self.pp < 1:
-            raise ValueError(f"a mesh needs dp >= 1 and pp >= 1, got dp={self.dp}, pp={self.pp}")
+        if min(self.dp, self.pp, self.tp, self.cp) < 1:
+            raise ValueError(f"a mesh needs every degree >= 1, got tp={self.tp}, cp={self.cp}, dp={self.dp}, "
+                             f"pp={self.pp}")
 
     @staticmethod
     def from_parallel(parallel: ParallelConfig) -> Mesh:
-        if parallel.tp != 1:
-            raise ValueError(f"the runtime executes tp = 1 only, the layout has tp={parallel.tp}")
-        return Mesh(dp=parallel.dp, pp=parallel.pp)
+        return Mesh(dp=parallel.dp, pp=parallel.pp, tp=parallel.tp, cp=parallel.cp)
+
+    def __str__(self) -> str:
+        return f"tp={self.tp} x cp={self.cp} x dp={self.dp} x pp={self.pp}"
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp
+        return self.tp * self.cp * self.dp * self.pp
 
-    def rank(self, replica: int, stage: int) -> int:
-        if not (0 <= replica < self.dp and 0 <= stage < self.pp):
-            raise ValueError(f"(replica {replica}, stage {stage}) is outside dp={self.dp} x pp={self.pp}")
-        return replica * self.pp + stage
+    def rank(self, replica: int, stage: int, *, cp_rank: int = 0, tp_rank: int = 0) -> int:
+        if not (0 <= replica < self.dp and 0 <= stage < self.pp and 0 <= cp_rank < self.cp
+                and 0 <= tp_rank < self.tp):
+            raise ValueError(f"(replica {replica}, stage {stage}, cp rank {cp_rank}, tp rank {tp_rank}) is "
+                             f"outside {self}")
+        return ((stage * self.dp + replica) * self.cp + cp_rank) * self.tp + tp_rank
+
+    def position(self, rank: int) -> Position:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        rest, tp_rank = divmod(rank, self.tp)
+        rest, cp_rank = divmod(rest, self.cp)
+        stage, replica = divmod(rest, self.dp)
+        return Position(replica, stage, cp_rank, tp_rank)
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(replica, stage) of ``rank``."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
-        return divmod(rank, self.pp)
+        pos = self.position(rank)
+        return pos.replica, pos.stage
 
-    def stage_ranks(self, stage: int) -> tuple[int, ...]:
-        """The ranks holding ``stage``'s parameters, one per replica: its DP all-reduce group."""
-        return tuple(self.rank(r, stage) for r in range(self.dp))
+    def peer(self, rank: int, stage: int) -> int:
+        """The rank at ``stage`` with the same replica, cp rank and tp rank as ``rank``."""
+        pos = self.position(rank)
+        return self.rank(pos.replica, stage, cp_rank=pos.cp_rank, tp_rank=pos.tp_rank)
 
-    def next_rank(self, rank: int) -> int:
-        """Where activations go (the next stage of the same replica; wraps for virtual stages)."""
-        replica, stage = self.coords(rank)
-        return self.rank(replica, (stage + 1) % self.pp)
+    def stage_ranks(self, stage: int, tp_rank: int = 0) -> tuple[int, ...]:
+        """The ranks holding the same parameter shards as (``stage``, ``tp_rank``), one per replica and
+        cp rank: their gradient all-reduce group."""
+        return tuple(self.rank(r, stage, cp_rank=c, tp_rank=tp_rank) for r in range(self.dp) for c in range(self.cp))
 
-    def prev_rank(self, rank: int) -> int:
-        """Where activations come from (and gradients go)."""
-        replica, stage = self.coords(rank)
-        return self.rank(replica, (stage - 1) % self.pp)
+    def cp_ranks(self, pipeline: PipelinePlan, stage: int, tp_rank: int = 0) -> tuple[int, ...]:
+        """The context-parallel group of ``pipeline`` on (``stage``, ``tp_rank``), in shard order."""
+        return tuple(self.rank(r, stage, cp_rank=c, tp_rank=tp_rank) for r in pipeline.replicas for c in range(self.cp))
 
-    def executing_replica(self, pipeline: PipelinePlan) -> int:
-        """The replica whose ranks run ``pipeline`` (the first of a merged CP group)."""
-        return pipeline.replicas[0]
+    def cp_shard(self, pipeline: PipelinePlan, rank: int) -> tuple[int, int]:
+        """(index of ``rank`` in ``pipeline``'s cp group, the group's size): the executor's ``shard``."""
+        pos = self.position(rank)
+        ranks = self.cp_ranks(pipeline, pos.stage, pos.tp_rank)
+        return ranks.index(rank), len(ranks)
 
     def pipelines_of(self, plan: Plan, rank: int) -> list[int]:
-        """Indices of the plan's pipelines that ``rank`` executes (its stage of each)."""
-        replica, _ = self.coords(rank)
-        return [i for i, pipe in enumerate(plan.pipelines) if self.executing_replica(pipe) == replica]
+        """Indices of the plan's pipelines that ``rank`` takes part in (its stage of each)."""
+        replica = self.position(rank).replica
+        return [i for i, pipe in enumerate(plan.pipelines) if replica in pipe.replicas]
 
     def check_plan(self, plan: Plan) -> None:
         par = plan.config.parallel
-        if (par.dp, par.pp) != (self.dp, self.pp):
-            raise ValueError(f"the plan is for dp={par.dp} x pp={par.pp}, the mesh is dp={self.dp} x pp={self.pp}")
+        if Mesh.from_parallel(par) != self:
+            raise ValueError(f"the plan is for tp={par.tp} x cp={par.cp} x dp={par.dp} x pp={par.pp}, the mesh is "
+                             f"{self}")
         for i, pipe in enumerate(plan.pipelines):
             bad = [r for r in pipe.replicas if not 0 <= r < self.dp]
             if bad or not pipe.replicas:
                 raise ValueError(f"pipeline {i} names replicas {pipe.replicas}, outside dp={self.dp}")
+            if pipe.cp != self.cp * len(pipe.replicas):
+                raise ValueError(f"pipeline {i} has cp={pipe.cp} but runs on {len(pipe.replicas)} replica(s) of "
+                                 f"cp={self.cp}")
 
 
 @dataclass(slots=True)
 class ProcessGroups:
-    """This rank's groups: ``stage_group`` all-reduces its stage's gradients over replicas."""
+    """This rank's groups."""
 
     mesh: Mesh
     rank: int
     stage_group: Any
-    """A ``torch.distributed`` process group (None for dp = 1: nothing to reduce)."""
+    """All-reduces this rank's parameter gradients over dp x cp (None when dp·cp = 1)."""
+    tp_mesh: Any = None
+    """The 1-D tensor-parallel ``DeviceMesh`` of this rank (None for tp = 1)."""
+    _cp_groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
+
+    def cp_group(self, ranks: tuple[int, ...]) -> Any:
+        """The process group of these ranks (created by ``ensure_cp_groups``)."""
+        return self._cp_groups[ranks]
+
+    def ensure_cp_groups(self, plan: Plan) -> None:
+        """Create the cp groups of ``plan``'s pipelines that do not exist yet. Collective: every rank
+        calls it with the same plan, so every rank creates the same groups in the same order."""
+        import torch.distributed as dist
+
+        for pipe in plan.pipelines:
+            if pipe.cp == 1:
+                continue
+            for stage in range(self.mesh.pp):
+                for tp_rank in range(self.mesh.tp):
+                    ranks = self.mesh.cp_ranks(pipe, stage, tp_rank)
+                    if ranks not in self._cp_groups:
+                        self._cp_groups[ranks] = dist.new_group(list(ranks))
 
 
 def build_process_groups(mesh: Mesh) -> ProcessGroups:
-    """Create the per-stage DP groups (every rank must call this, in the same order)."""
+    """Create the gradient groups and the tensor-parallel mesh (every rank calls this, in the same
+    order). One line of error when the world does not match the layout."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     if dist.get_world_size() != mesh.world_size:
-        raise ValueError(f"the world has {dist.get_world_size()} ranks, the layout needs dp={mesh.dp} x "
-                         f"pp={mesh.pp} = {mesh.world_size}")
+        raise ValueError(f"the world has {dist.get_world_size()} ranks, the layout {mesh} needs {mesh.world_size}")
+    pos = mesh.position(rank)
     mine = None
     for stage in range(mesh.pp):
-        group = dist.new_group(list(mesh.stage_ranks(stage)))  # collective: every rank creates every group
-        if mesh.coords(rank)[1] == stage:
-            mine = group
-    return ProcessGroups(mesh=mesh, rank=rank, stage_group=mine if mesh.dp > 1 else None)
+        for tp_rank in range(mesh.tp):
+            group = dist.new_group(list(mesh.stage_ranks(stage, tp_rank)))  # collective: every rank creates every group
+            if (pos.stage, pos.tp_rank) == (stage, tp_rank):
+                mine = group
+    tp_mesh = None
+    if mesh.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        full = init_device_mesh(device, (mesh.pp, mesh.dp, mesh.cp, mesh.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+        tp_mesh = full["tp"]
+    return ProcessGroups(mesh=mesh, rank=rank, stage_group=mine if mesh.dp * mesh.cp > 1 else None, tp_mesh=tp_mesh)

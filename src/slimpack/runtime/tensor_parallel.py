@@ -39,12 +39,12 @@ from typing import Any
 
 import torch
 
+from slimpack.config import ModelConfig
 from slimpack.runtime.model import Transformer
 
 
-def check_tensor_parallel(model: Transformer, tp: int) -> None:
-    """``ValueError`` unless ``model`` splits into ``tp`` equal shards of whole heads."""
-    cfg = model.config
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """``ValueError`` unless the model splits into ``tp`` equal shards of whole heads."""
     for what, count in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
                         ("MLP width", cfg.ffn_hidden), ("vocabulary", cfg.vocab_size)):
         if count % tp:
@@ -68,7 +68,7 @@ def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool 
     )
 
     tp = tp_mesh.size()
-    check_tensor_parallel(model, tp)
+    check_tensor_parallel(model.config, tp)
     if tp == 1:
         return model
     for block in model.layers:
