@@ -63,6 +63,7 @@ def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool 
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleOutput,
         RowwiseParallel,
         parallelize_module,
     )
@@ -72,7 +73,13 @@ def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool 
     if tp == 1:
         return model
     for block in model.layers:
-        plan = {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
+        # the norms' outputs become one replicated DTensor each, shared by the column-wise layers
+        # that read them: their input gradients then add up as one partial sum, all-reduced once
+        # (Megatron's fused QKV), not once per projection
+        replicated = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
+                                         use_local_output=False)
+        plan = {"attn_norm": replicated, "mlp_norm": replicated,
+                "wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
                 "wo": RowwiseParallel(), "w_up": ColwiseParallel(), "w_down": RowwiseParallel()}
         if hasattr(block, "w_gate"):
             plan["w_gate"] = ColwiseParallel()
