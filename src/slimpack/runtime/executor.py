@@ -221,13 +221,14 @@ class StageExecutor:
             qkv = []
             for x, table, gather in zip(xs, tables, gathers, strict=True):
                 q, k, v = block.attention_inputs(x, *table)
+                runs = (k, v)
                 if gather is not None:  # context parallel: every cp rank's K/V rows of the cell
-                    k, v = gather_rows(k, *gather, self.cp_group), gather_rows(v, *gather, self.cp_group)
-                qkv.append((q, k, v))
-            for state, (_, k, v) in zip(states, qkv, strict=True):
+                    runs = (gather_rows(k, *gather, self.cp_group), gather_rows(v, *gather, self.cp_group))
+                qkv.append((q, (k, v), runs))
+            for state, (_, _, (k, v)) in zip(states, qkv, strict=True):
                 self._publish(state, layer_index, k, v)
-            for i, (state, (q, k, v)) in enumerate(zip(states, qkv, strict=True)):
-                xs[i] = block.finish(xs[i], self._attend(state.spec, layer_index, q, k, v))
+            for i, (state, (q, own, runs)) in enumerate(zip(states, qkv, strict=True)):
+                xs[i] = block.finish(xs[i], self._attend(state.spec, layer_index, q, own, runs))
         outputs = []
         for state, x in zip(states, xs, strict=True):
             if self.stage.has_head:
@@ -249,29 +250,27 @@ class StageExecutor:
         order, width = self.layout.gather_order(spec)
         return torch.tensor(order, dtype=torch.long, device=self.device), width
 
-    def _attend(self, spec: CellSpec, layer_index: int, q_thd: torch.Tensor, k_tkd: torch.Tensor,
-                v_tkd: torch.Tensor) -> torch.Tensor:
-        """Attention of the cell's local pieces; ``k_tkd``/``v_tkd`` hold its full runs' keys. A piece
-        [a, b) of run [s, e) is a segment whose own keys are the run's [s, b), after the prefix [0, s)."""
+    def _attend(self, spec: CellSpec, layer_index: int, q_thd: torch.Tensor,
+                kv_own: tuple[torch.Tensor, torch.Tensor], kv_runs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Attention of the cell's pieces. ``kv_own``: K/V of this rank's rows (the pieces' own keys);
+        ``kv_runs``: K/V of the cell's whole runs (the same tensors without context parallelism). A
+        piece [a, b) of run [s, e) attends to the sample's cache [0, s), then the run's [s, a) as
+        views of ``kv_runs`` (no copy), then its own keys [a, b)."""
         if not spec.pieces:  # this cp rank holds none of the cell's tokens
             return torch.zeros_like(q_thd)
         starts = [0]
         for run in spec.runs:
             starts.append(starts[-1] + run.end - run.start)
-        whole = len(spec.pieces) == len(spec.runs) and all(
-            (p.start, p.end) == (spec.runs[p.run].start, spec.runs[p.run].end) for p in spec.pieces)
-        cu_q, cu_k, ks, vs = [0], [0], [], []
+        k_runs, v_runs = kv_runs
+        cu, prefix = [0], []
         for p in spec.pieces:
+            run = spec.runs[p.run]
+            cu.append(cu[-1] + p.end - p.start)
+            before = p.start - run.start
             first = starts[p.run]
-            keys = p.end - spec.runs[p.run].start
-            cu_q.append(cu_q[-1] + p.end - p.start)
-            cu_k.append(cu_k[-1] + keys)
-            ks.append(k_tkd[first:first + keys])
-            vs.append(v_tkd[first:first + keys])
-        if not whole:
-            k_tkd, v_tkd = torch.cat(ks), torch.cat(vs)
-        prefix = [self._prefix(spec.runs[p.run], layer_index) for p in spec.pieces]
-        return varlen_attention(q_thd, k_tkd, v_tkd, cu_q, cu_k, prefix=prefix, backend=self.backend)
+            earlier = [(k_runs[first:first + before], v_runs[first:first + before])] if before else []
+            prefix.append(self._prefix(run, layer_index) + earlier)
+        return varlen_attention(q_thd, *kv_own, cu, prefix=prefix, backend=self.backend)
 
     def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
         """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""

@@ -10,6 +10,7 @@ bytes kept for backward (what ``ActivationTracker`` counts: no model states, no 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -38,7 +39,9 @@ def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: 
         result = runtime.step(plan, tokens, optimizer_step=False)
         times.append(max(s.end_s for s in result.spans))
     memory = runtime.step(plan, tokens, optimizer_step=False, track_memory=True)
-    return {"rank": rank, "stage": runtime.stage, "times_s": times, "peak_activation_bytes": memory.peak_activation_bytes}
+    rows = sum(s.tokens for s in memory.spans if s.kind == "F")
+    return {"rank": rank, "stage": runtime.stage, "replica": runtime.replica, "times_s": times,
+            "peak_activation_bytes": memory.peak_activation_bytes, "forward_rows": rows}
 
 
 def measured_step_time(per_rank: list[dict[str, Any]]) -> float:
@@ -52,17 +55,20 @@ def measured_activation_peaks(per_rank: list[dict[str, Any]], pp: int) -> list[f
     return [max((r["peak_activation_bytes"] for r in per_rank if r["stage"] == s), default=0) for s in range(pp)]
 
 
-def predicted_activation_peaks(result: SimResult, cost: CostModel, pp: int) -> list[float]:
+def predicted_activation_peaks(result: SimResult, cost: CostModel, pp: int,
+                               pipeline_cp: Mapping[int, int] | None = None) -> list[float]:
     """Per stage, the highest sum of kept activations over time (forward start adds a group's bytes,
-    backward end frees them; frees first at equal instants), the maximum over pipelines."""
+    backward end frees them; frees first at equal instants), the maximum over pipelines. A pipeline
+    of cp > 1 (``pipeline_cp``, by pipeline; default the layout's) keeps 1/cp of it per rank."""
     peaks = [0.0] * pp
     for pipeline in {s.pipeline for s in result.spans}:
+        cp = (pipeline_cp or {}).get(pipeline)
         for stage in range(pp):
             events = []
             for s in result.spans:
                 if s.pipeline != pipeline or s.stage != stage or s.kind not in ("F", "B"):
                     continue
-                kept = cost.activation_bytes(s.tokens, virtual_stage=s.chunk * pp + stage)
+                kept = cost.activation_bytes(s.tokens, virtual_stage=s.chunk * pp + stage, cp=cp)
                 events.append((s.start_s, 1, kept) if s.kind == "F" else (s.end_s, 0, -kept))
             level = 0.0
             for _, _, delta in sorted(events):

@@ -16,8 +16,14 @@ from typing import Any
 
 import torch
 
+from slimpack.runtime.tensor_parallel import local
+
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int, int] | None:
+    tensor = local(tensor)  # a DTensor (tensor parallelism) counts its rank's shard
+    inner = getattr(tensor, "elem", None)  # the result of a functional collective wraps its tensor
+    if isinstance(inner, torch.Tensor):
+        tensor = inner
     try:
         storage = tensor.untyped_storage()
     except (RuntimeError, NotImplementedError):
