@@ -9,7 +9,7 @@ from dist_workers import collectives_of_one_layer
 
 from slimpack.config import ParallelConfig, build_config, model_preset
 from slimpack.cost import CostModel
-from slimpack.cost.model import TP_COLLECTIVES_PER_LAYER
+from slimpack.cost.model import TP_COLLECTIVES_FORWARD
 from slimpack.runtime.launch import spawn
 
 pytestmark = pytest.mark.distributed
@@ -19,7 +19,8 @@ TINY = model_preset("tiny")
 
 
 def _cost(**parallel: int) -> tuple[CostModel, float, float]:
-    cost = CostModel(build_config(model="tiny", parallel=ParallelConfig(**parallel)))
+    # the runtime's TP has no sequence parallelism: compare with the cost model's non-SP count
+    cost = CostModel(build_config(model="tiny", parallel=ParallelConfig(sequence_parallel=False, **parallel)))
     _gemm, _attn, tp_comm, cp_comm = cost._layer_parts(np.array([TOKENS]), np.array([0.0]), cost.cp)
     return cost, tp_comm, cp_comm
 
@@ -29,15 +30,16 @@ def test_runtime_collectives_are_the_simulators():
     bandwidth, latency = build_config(model="tiny").cluster.link(same_node=True)
     dtype_bytes = TINY.dtype_bytes
 
-    # TP: the simulator charges TP_COLLECTIVES_PER_LAYER ring passes (reduce-scatter or all-gather)
-    # of the (T, E) activation per pass; the runtime all-reduces (= one of each) twice per pass
+    # TP: the simulator charges TP_COLLECTIVES_FORWARD ring passes (reduce-scatter or all-gather) of
+    # the (T, E) activation per pass (the same backward without SP); the runtime all-reduces (= one of
+    # each) twice per pass
     _, tp_comm, _ = _cost(tp=2)
-    ring_pass_elements = (tp_comm / TP_COLLECTIVES_PER_LAYER - latency) * bandwidth * 2 / dtype_bytes
+    ring_pass_elements = (tp_comm - latency) * bandwidth * 2 / dtype_bytes
     for r in results:
         for direction in ("forward", "backward"):
             records = r["tp"][direction]
             assert [kind for kind, _ in records] == ["all_reduce", "all_reduce"], (direction, records)
-            assert 2 * len(records) == TP_COLLECTIVES_PER_LAYER
+            assert 2 * len(records) == TP_COLLECTIVES_FORWARD
             assert all(n == TOKENS * TINY.hidden for _, n in records)
             assert all(n == pytest.approx(ring_pass_elements) for _, n in records)
 
