@@ -23,7 +23,7 @@ backward all-reduces the input gradient).
 Collectives per layer, forward: 2 all-reduces of the (T, E) activation (after ``wo`` and after
 ``w_down``); backward: 2 more (the input gradients of the Q/K/V and gate/up projections). That is
 Megatron's count without sequence parallelism (Shoeybi et al. 2019, §3), i.e. 4 ring reduce-scatter
-+ all-gather pairs per layer — ``cost.model.TP_COLLECTIVES_PER_LAYER`` counts each all-reduce as a
++ all-gather pairs per layer — ``cost.model.TP_COLLECTIVES_FORWARD`` counts each all-reduce as a
 reduce-scatter plus an all-gather over forward and backward together.
 
 Sequence parallelism (norms on T/tp rows) is not applied: the executor's groups and cells have token
