@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from slimpack.cli.common import add_config_arguments, config_from_args, positive_int
-from slimpack.config import ClusterConfig, TrainConfig, build_config
+from slimpack.config import ClusterConfig
+from slimpack.config.defaults import CALIBRATION_CONFIG
 from slimpack.errors import UserError
 
 HELP = "measure this machine's op timings, fit the cost model and write a config (--config) for it"
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
                         help="torch threads while timing; use what each training process will use (default 1)")
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="timed repeats per op (default 5)")
-    add_config_arguments(parser)
+    add_config_arguments(parser, default=CALIBRATION_CONFIG)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from slimpack.runtime.calibrate import collect_records, memory_bandwidth, peak_flops
 
     torch.set_num_threads(args.threads)
-    base = config_from_args(args, default=build_config(model="tiny", train=TrainConfig(
-        max_context=2048, global_batch_tokens=8192, recompute="none")))
+    base = config_from_args(args)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     dtype_bytes = 8 if args.dtype == "float64" else 4
     model = dataclasses.replace(base.model, dtype_bytes=dtype_bytes)

@@ -15,6 +15,7 @@ from slimpack.cli.common import (
     config_from_args,
     positive_int,
 )
+from slimpack.config.defaults import RUNTIME_CONFIG
 from slimpack.errors import UserError
 
 HELP = "compare the simulator with real runs of plans (step time, activation memory) on this machine"
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rescale", action="store_true",
                         help="re-measure the peak FLOP/s before each plan and scale the prediction by "
                              "calibrated / current peak (for machines whose speed drifts with other jobs' load)")
-    add_config_arguments(parser)
+    add_config_arguments(parser, default=RUNTIME_CONFIG)
     add_planner_arguments(parser)
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("slimpack fidelity needs PyTorch: install slimpack[torch]") from None
     import dataclasses
 
-    from slimpack.compare.run import check_strategies, step_batches
+    from slimpack.compare.run import check_strategies
     from slimpack.cost import CostModel
     from slimpack.data import load_dataset
     from slimpack.data.text import TextCorpus
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from slimpack.runtime.launch import LaunchError, spawn
     from slimpack.sim import simulate
-    from slimpack.strategies import make_planner
+    from slimpack.strategies.stream import PlanStream
 
     strategies = [s for s in args.strategies.split(",") if s]
     check_strategies(strategies)
@@ -70,11 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if par.tp != 1 or par.cp != 1:
         raise UserError("fidelity runs tp = cp = 1")
     dataset = TextCorpus.stdlib().dataset() if args.dataset == "stdlib" else load_dataset(args.dataset)
-    batch = step_batches(dataset, config, args.step + 1)[args.step]
     rows = []
     for name in strategies:
-        planner = make_planner(name, config)
-        plan = planner.plan(batch, step=args.step)
+        plan = next(PlanStream(dataset, config, name, start=args.step)).plan
         cost = CostModel(plan.config)
         sim = simulate(plan, cost)
         scale = 1.0

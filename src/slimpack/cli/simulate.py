@@ -19,10 +19,10 @@ from slimpack.cli.common import plan_summary, positive_int, print_json
 from slimpack.errors import UserError
 from slimpack.plan import Plan, load_plan
 from slimpack.sim import SimResult, save_chrome_trace, simulate
+from slimpack.units import GIB
 
 HELP = "simulate one step of a plan file: step time, efficiency, memory; trace and plots on request"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-GIB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

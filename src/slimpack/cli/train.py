@@ -24,12 +24,10 @@ from slimpack.cli.common import (
     config_from_args,
     positive_int,
 )
-from slimpack.config import TrainConfig, build_config
+from slimpack.config.defaults import RUNTIME_CONFIG
 from slimpack.errors import UserError
 
 HELP = "train a model on plans of a strategy over torch.distributed (torchrun; CPython stdlib text)"
-
-DEFAULT_TRAIN = TrainConfig(max_context=1024, global_batch_tokens=8192, recompute="none")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-json", metavar="FILE", help="rank 0 writes per-step records (JSON) here")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                         help="a step (or a peer) slower than this aborts the job (default 300)")
-    add_config_arguments(parser)
+    add_config_arguments(parser, default=RUNTIME_CONFIG)
     add_planner_arguments(parser)
 
 
@@ -67,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from slimpack.sim.trace import spans_trace
 
     check_strategies([args.strategy])
-    config = config_from_args(args, default=build_config(model="tiny", train=DEFAULT_TRAIN))
+    config = config_from_args(args)
     par = config.parallel
     if par.tp != 1 or par.cp != 1:
         raise UserError(f"the runtime runs tp = cp = 1 (got tp={par.tp}, cp={par.cp}); merged CP pipelines "
@@ -128,11 +126,11 @@ def run(args: argparse.Namespace) -> int:
                            s.tokens) for s in result.spans]
             num_tokens = sum(len(t) for t in tokens.values())
             record = {"step": item.step, "loss": result.loss, "step_time_s": step_s, "tokens": num_tokens,
-                      "tokens_per_s": num_tokens / step_s, "planner_time_s": item.plan_time_s,
+                      "tokens_per_s": num_tokens / step_s, "planner_time_s": item.planner_time_s,
                       "plan_wait_s": wait_s, "deferred": len(item.plan.deferred)}
             records.append(record)
             say(f"step {item.step}: loss {result.loss:.4f}, {num_tokens} tokens in {step_s:.3f} s "
-                f"({num_tokens / step_s:,.0f} tokens/s), planner {item.plan_time_s * 1e3:.1f} ms "
+                f"({num_tokens / step_s:,.0f} tokens/s), planner {item.planner_time_s * 1e3:.1f} ms "
                 f"(waited {wait_s * 1e3:.1f} ms for the plan)", flush=True)
     except distributed.PeerFailure as exc:
         raise UserError(str(exc)) from None

@@ -10,13 +10,13 @@ from importlib import metadata
 from pathlib import Path
 
 from slimpack.compare.charts import gantt_chart, group_time_chart, memory_chart, throughput_chart
+from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
 from slimpack.compare.run import Comparison
 
-GIB = 2**30
 CHARTS = (
-    ("throughput.png", "Throughput", "Simulated tokens per second of each strategy over the same steps."),
+    ("throughput.png", "Throughput", "Simulated tokens per second of each strategy over the same measured window."),
     ("gantt.png", "One step, device by device",
-     "The median step of each strategy (first pipelines shown): forward, backward, gradient sync and "
+     "The median window step of each strategy (first pipelines shown): forward, backward, gradient sync and "
      "idle time per device. Gaps are pipeline bubbles and imbalance."),
     ("group_times.png", "Group time spread",
      "Forward and backward time of every group of the median step on a middle stage."),
@@ -35,22 +35,12 @@ def _versions() -> str:
     return f"Python {platform.python_version()}; " + ", ".join(found)
 
 
-def _markdown_table(rows: list[dict]) -> str:
-    head = ("| strategy | tokens/s | step mean (s) | step p95 (s) | vs fixed | efficiency | bubble | "
-            "peak mem (GiB) | OOM steps | planner p50 (s) | delay (steps/token) | failed steps |")
-    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
-
-    def f(value: float | None, spec: str) -> str:
-        return "—" if value is None else format(value, spec)
-
-    for r in rows:
-        lines.append(
-            f"| {r['strategy']} | {r['tokens_per_s']:,.0f} | {f(r['step_time_mean_s'], '.3f')} | "
-            f"{f(r['step_time_p95_s'], '.3f')} | {f(r['speedup_vs_fixed'], '.2f')}x | {f(r['efficiency'], '.3f')} | "
-            f"{f(None if r['bubble_fraction'] is None else 100 * r['bubble_fraction'], '.1f')}% | "
-            f"{r['peak_memory_bytes'] / GIB:.1f} / {(r['memory_capacity_bytes'] or 0) / GIB:.1f} | "
-            f"{len(r['oom_steps'])} | {f(r['planner_time_p50_s'], '.3f')} | "
-            f"{r['mean_delay_steps_per_token']:.2f} | {len(r['failed_steps'])} |")
+def _markdown_table(rows: list[StrategyRow]) -> str:
+    """The terminal table's columns and cells (``compare.row``), plus the failed-step count."""
+    headers = [header for header, _ in COLUMNS] + ["failed steps"]
+    lines = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
+    for row in rows:
+        lines.append("| " + " | ".join([*cells(row), str(len(row.failed_steps))]) + " |")
     return "\n".join(lines)
 
 
@@ -63,20 +53,24 @@ def write_report(comparison: Comparison, directory: Path, *, command: list[str])
     memory_chart(comparison.runs, directory / "memory.png")
     config = comparison.config
     par = config.parallel
-    winner = max(rows, key=lambda r: r["tokens_per_s"])
-    summary = (f"**{winner['strategy']}** is fastest: {winner['tokens_per_s']:,.0f} tokens/s"
-               + (f", {winner['speedup_vs_fixed']:.2f}x the fixed-length baseline" if winner["speedup_vs_fixed"] else "")
-               + (f", efficiency {winner['efficiency']:.3f}." if winner["efficiency"] is not None else "."))
+    winner = max(rows, key=lambda r: r.tokens_per_s)
+    summary = (f"**{winner.strategy}** is fastest: {winner.tokens_per_s:,.0f} tokens/s"
+               + (f", {winner.speedup_vs_fixed:.2f}x the fixed-length baseline" if winner.speedup_vs_fixed else "")
+               + (f", efficiency {winner.efficiency:.3f}." if winner.efficiency is not None else "."))
     setup = (f"{comparison.dataset} dataset; {config.model.name} on {par.num_devices} x {config.cluster.name} "
              f"(tp {par.tp}, pp {par.pp}, dp {par.dp}, cp {par.cp}, vpp {par.virtual_stages}); "
              f"{config.train.max_context} max context; {config.train.global_batch_tokens:,} tokens per batch; "
-             f"recompute {config.train.recompute}; {len(comparison.runs[0].steps)} steps.")
-    failures = [f"- {r['strategy']}: failed on step(s) {r['failed_steps']}: {'; '.join(r['errors'])}"
-                for r in rows if r["failed_steps"]]
+             f"recompute {config.train.recompute}; {comparison.window.describe()}.")
+    failures = [f"- {r.strategy}: failed on step(s) {list(r.failed_steps)}: {'; '.join(r.errors)}"
+                for r in rows if r.failed_steps]
     sections = [f"# slimpack comparison\n\n{summary}\n\n{setup}\n", _markdown_table(rows)]
+    drains = drain_notes(rows)
+    if drains:
+        sections.append("Drain after the window:\n\n" + "\n".join(f"- {note}." for note in drains))
     if failures:
         sections.append("Failures:\n\n" + "\n".join(failures))
-    sections.append("Efficiency = ideal step time (the plan's compute spread evenly over all GPUs) / simulated "
+    sections.append("Figures are over the measured window only: warm-up and drain steps are excluded. "
+                    "Efficiency = ideal step time (the plan's compute spread evenly over all GPUs) / simulated "
                     "step time. Delay = steps a token waited because its strategy deferred it.")
     for file, title, text in CHARTS:
         if (directory / file).exists():

@@ -142,6 +142,9 @@ class GlobalBatchSampler:
         """Tokens skipped per epoch."""
         self.tokens_per_epoch = int(lengths.sum()) - self.num_dropped_tokens
         """Tokens the stream yields per epoch."""
+        self.samples_per_epoch = (int((~too_long).sum()) if config.drop_long
+                                  else int((-(-lengths // config.max_context)).sum()))
+        """Samples the stream yields per epoch (documents, or their chunks)."""
         if self.tokens_per_epoch == 0:
             raise UserError(f"dataset {dataset.name!r}: every document is longer than max_context "
                             f"({config.max_context}) and drop_long is set: nothing to sample")
@@ -175,6 +178,14 @@ class GlobalBatchSampler:
                                               self._dropped_before(e1, i1), strict=True))
         return Batch(step=step, samples=tuple(samples), num_dropped_docs=docs,
                      num_dropped_tokens=tokens)
+
+    def samples_before(self, step: int) -> int:
+        """How many samples the stream yields in batches ``0 .. step - 1`` (every epoch yields the
+        same number, whatever its order): a run-wide id for a batch's first sample, found without
+        building the earlier batches."""
+        self.batch_at(step)  # validates ``step`` and finds the batch boundaries up to it
+        epoch, index = self._ends[step]
+        return epoch * self.samples_per_epoch + index
 
     def batches(self, num_steps: int, *, start: int = 0) -> list[Batch]:
         """Batches of steps ``start .. start + num_steps - 1``."""
