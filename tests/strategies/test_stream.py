@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from helpers import config
@@ -12,6 +14,13 @@ from slimpack.strategies.stream import PlanStream
 
 def _config():
     return config(pp=2, dp=2, model="tiny", max_context=4096, global_batch_tokens=16384)
+
+
+def _wlbllm_config():
+    """wlbllm at 64K context on pp 2 x dp 2: wlb defers outliers. The MILP is off: its result depends on
+    how far the solver gets within a wall-clock limit, so two runs could differ."""
+    cfg = config(pp=2, dp=2, model="llama2-7b", max_context=65536, global_batch_tokens=1 << 20)
+    return dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, use_milp=False))
 
 
 def _plan(planned) -> dict:
@@ -66,7 +75,7 @@ def test_sources_cover_what_a_step_trains_including_what_was_deferred():
 
 @pytest.mark.parametrize("strategy", ["wlb", "slimpack"])
 def test_a_restored_state_gives_the_same_steps_as_walking(strategy):
-    cfg = config(pp=2, dp=2, model="llama2-7b", max_context=65536, global_batch_tokens=1 << 20)
+    cfg = _wlbllm_config()
     data = load_dataset("wlbllm")
     walked = PlanStream(data, cfg, strategy)
     for _ in range(4):
@@ -83,7 +92,7 @@ def test_a_restored_state_gives_the_same_steps_as_walking(strategy):
 
 
 def test_seeking_a_stateful_strategy_replays_it():
-    cfg = config(pp=2, dp=2, model="llama2-7b", max_context=65536, global_batch_tokens=1 << 20)
+    cfg = _wlbllm_config()
     data = load_dataset("wlbllm")
     walked = PlanStream(data, cfg, "wlb")
     expected = [next(walked) for _ in range(3)][-1]
