@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from helpers import config
+from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.data import GlobalBatchSampler, SamplerConfig, load_dataset
 from slimpack.plan import plan_to_dict
 from slimpack.strategies.stream import PlanStream
@@ -17,10 +16,11 @@ def _config():
 
 
 def _wlbllm_config():
-    """wlbllm at 64K context on pp 2 x dp 2: wlb defers outliers. The MILP is off: its result depends on
+    """wlbllm at 64K context on tp 8 x pp 2 x dp 2: wlb defers outliers. The MILP is off: its result depends on
     how far the solver gets within a wall-clock limit, so two runs could differ."""
-    cfg = config(pp=2, dp=2, model="llama2-7b", max_context=65536, global_batch_tokens=1 << 20)
-    return dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, use_milp=False))
+    return build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=2, dp=2),
+                        train=TrainConfig(max_context=65536, global_batch_tokens=1 << 20),
+                        planner=PlannerConfig(use_milp=False))
 
 
 def _plan(planned) -> dict:
@@ -106,3 +106,12 @@ def test_a_state_for_another_strategy_is_refused():
     stream = PlanStream(load_dataset("wikipedia"), _config(), "kk")
     with pytest.raises(Exception, match="not a version-1 state for strategy 'kk'"):
         stream.load_state_dict(PlanStream(load_dataset("wikipedia"), _config(), "bfd").state_dict())
+
+
+def test_trained_documents_are_whole_even_when_a_strategy_cuts_them():
+    data = load_dataset("wikipedia")
+    fixed = next(PlanStream(data, _config(), "fixed", start=2))
+    batch = PlanStream(data, _config(), "kk").batch(2)
+    assert sorted(fixed.trained_document_lengths) == sorted(s.length for s, _ in batch.values())
+    assert len(fixed.trained) > len(batch)  # fixed cut some documents at sequence boundaries
+    assert fixed.trained_tokens == sum(fixed.trained_document_lengths)

@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from slimpack.config import (
@@ -18,6 +22,7 @@ from slimpack.config import (
     load_config,
 )
 from slimpack.config.efficiency import EFFICIENCY_PRESETS, efficiency_preset
+from slimpack.errors import UserError
 from slimpack.plan import Plan
 
 
@@ -44,6 +49,17 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0; accepts K/M/G suffixes (120K = 122880)."""
     return _count(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (refuses nan, inf, 0 and negatives)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, training: bool = True) -> None:
@@ -93,7 +109,7 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, field, text in PLANNER_SWITCHES:
         group.add_argument(f"--no-{flag}", dest=field, action="store_false", default=None,
                            help=f"do not {text}")
-    group.add_argument("--milp-time-limit", type=float, metavar="SECONDS", dest="milp_time_limit_s",
+    group.add_argument("--milp-time-limit", type=positive_float, metavar="SECONDS", dest="milp_time_limit_s",
                        help="wall-clock limit of the MILP refinement per plan")
 
 
@@ -120,6 +136,23 @@ def _override(value: Any, **changes: Any) -> Any:
     return dataclasses.replace(value, **given) if given else value
 
 
+def check_output(path: str, flag: str, *, directory: bool = False) -> None:
+    """Refuse an output path that cannot be written, before the work starts (creates nothing)."""
+    target = Path(path)
+    if target.exists() and target.is_dir() != directory:
+        raise UserError(f"{flag} {path}: {'not a directory' if directory else 'is a directory'}")
+    probe = target if target.is_dir() else target.parent
+    while not probe.exists():  # the folders that will be made: probe the first one that exists
+        probe = probe.parent
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot write there ({exc.strerror})") from None
+    if target.is_file() and not os.access(target, os.W_OK):
+        raise UserError(f"{flag} {path}: the file is read-only")
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -139,5 +172,5 @@ def plan_summary(plan: Plan) -> str:
             f"{sum(s.length for s in scheduled)} tokens")
 
 
-__all__ = ["add_config_arguments", "config_from_args", "non_negative_int", "plan_summary", "positive_int",
-           "print_json"]
+__all__ = ["add_config_arguments", "check_output", "config_from_args", "non_negative_int", "plan_summary",
+           "positive_float", "positive_int", "print_json"]

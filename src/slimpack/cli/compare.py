@@ -15,6 +15,7 @@ from rich.table import Table
 from slimpack.cli.common import (
     add_config_arguments,
     add_planner_arguments,
+    check_output,
     config_from_args,
     non_negative_int,
     positive_int,
@@ -54,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     check_strategies(strategies)
+    if args.json and args.json != "-":
+        check_output(args.json, "--json")
+    if args.report:
+        check_output(args.report, "--report", directory=True)
     config = config_from_args(args)
     CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
     dataset = load_dataset(args.dataset)

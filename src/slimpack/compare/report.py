@@ -6,6 +6,8 @@ import base64
 import html
 import platform
 import shlex
+import shutil
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -45,7 +47,21 @@ def _markdown_table(rows: list[StrategyRow]) -> str:
 
 
 def write_report(comparison: Comparison, directory: Path, *, command: list[str]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the report into ``directory``; interrupted or failed, it leaves nothing behind (the files
+    are written into a fresh folder beside it, renamed into place at the end)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        _write_files(comparison, staging, command=command)
+        directory.mkdir(exist_ok=True)
+        for file in staging.iterdir():
+            file.replace(directory / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory / "report.html"
+
+
+def _write_files(comparison: Comparison, directory: Path, *, command: list[str]) -> None:
     rows = comparison.table()
     throughput_chart(rows, directory / "throughput.png")
     gantt_chart(comparison.runs, directory / "gantt.png")
@@ -79,7 +95,6 @@ def write_report(comparison: Comparison, directory: Path, *, command: list[str])
     markdown = "\n\n".join(sections) + "\n"
     (directory / "report.md").write_text(markdown)
     (directory / "report.html").write_text(_html(markdown, directory))
-    return directory / "report.html"
 
 
 def _html(markdown: str, directory: Path) -> str:

@@ -49,6 +49,8 @@ class PlannedStep:
     sources: Mapping[int, DataSample]
     """Plan sample id -> the sampler's sample (document, chunk) of the samples this step trains; a
     piece a strategy cut off a document itself (``fixed`` at a sequence boundary) has none."""
+    arrived: tuple[Sample, ...] = ()
+    """The step's new samples as the data stream gave them (before a strategy cuts any)."""
     drain: bool = False
     """A step past the end of the data: no new samples, the strategy trains what it still held."""
 
@@ -59,6 +61,15 @@ class PlannedStep:
     @property
     def trained_tokens(self) -> int:
         return sum(s.length for s in self.plan.trained_samples)
+
+    @property
+    def trained_document_lengths(self) -> list[int]:
+        """Lengths of the whole samples this step trains, as the data stream gave them: those carried
+        in from earlier steps and this step's new ones, less the deferred. A strategy may cut a sample
+        into pieces (``fixed``); the work of the whole samples is the same for every strategy."""
+        deferred = set(self.plan.deferred)
+        carried = [s.length for s in self.plan.trained_samples if s.arrival_step < self.step]
+        return carried + [s.length for s in self.arrived if s.id not in deferred]
 
     @property
     def delayed_token_steps(self) -> int:
@@ -119,7 +130,8 @@ class PlanStream:
         known = self._held | new
         sources = {s.id: known[s.id][1] for s in plan.trained_samples if s.id in known}
         self._held = {sid: known[sid] for sid in plan.deferred}
-        return PlannedStep(step=step, plan=plan, planner_time_s=elapsed, sources=sources, drain=drain)
+        return PlannedStep(step=step, plan=plan, planner_time_s=elapsed, sources=sources,
+                           arrived=tuple(sample for sample, _ in new.values()), drain=drain)
 
     # ---- seeking and checkpoints ---------------------------------------------------------------
     def seek(self, step: int) -> None:
