@@ -32,6 +32,13 @@ def free_memory_bytes(device: torch.device) -> int:
     """Memory this process could still allocate on ``device`` (physical RAM for the CPU)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    try:  # Linux: free memory plus what the kernel would give back (page cache), as `free` shows
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 

@@ -14,8 +14,8 @@ Rules (compare, the training loader and ``slimpack plan`` all see steps made thi
   the data has ended and it must release what it holds (``held_tokens`` says how much).
 - **Seek.** A stateless strategy's plan of step I depends on step I's batch alone: seeking costs
   one sampler lookup. A stateful one (``stateful = True``: WLB-LLM's queues) either replays the
-  steps in between or is restored from ``state_dict()``, which holds its state and the samples it
-  holds.
+  steps in between or is restored from ``state_dict()``, which holds its state, the samples it
+  holds and where the next batch starts in the data stream (so a restore walks no earlier batch).
 
 Must not import torch.
 """
@@ -154,14 +154,25 @@ class PlanStream:
                 for s, d in self._held.values()]
         planner = self.planner.state_dict() if self.stateful else None  # type: ignore[attr-defined]
         return {"version": STATE_VERSION, "strategy": self.strategy, "step": self.step, "held": held,
-                "planner": planner}
+                "planner": planner, "data": self._data_fingerprint(),
+                "sampler_start": list(self.sampler.start(self.step))}
+
+    def _data_fingerprint(self) -> dict[str, int]:
+        """What a checkpoint must agree with to be restored here (same data, context and budget)."""
+        return {"samples_per_epoch": self.sampler.samples_per_epoch,
+                "tokens_per_epoch": self.sampler.tokens_per_epoch,
+                "global_batch_tokens": self.sampler.config.global_batch_tokens}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != STATE_VERSION or state.get("strategy") != self.strategy:
             raise UserError(f"stream state (version {state.get('version')!r}, strategy "
                             f"{state.get('strategy')!r}) is not a version-{STATE_VERSION} state for "
                             f"strategy {self.strategy!r}")
+        if state.get("data") != self._data_fingerprint():
+            raise UserError(f"stream state is for other data or batches ({state.get('data')}); this stream has "
+                            f"{self._data_fingerprint()}")
         self.step = int(state["step"])
+        self.sampler.set_start(self.step, state["sampler_start"])
         self._held = {}
         for sid, length, arrival, batch_id, doc_index, chunk, epoch in state["held"]:
             self._held[sid] = (Sample(id=sid, length=length, arrival_step=arrival),
