@@ -25,6 +25,8 @@ class StrategyRow:
     """The distinct error messages of those steps."""
     tokens_per_s: float
     """Tokens trained in the window / the window's simulated time (0 when no step ran)."""
+    window_tokens: int
+    window_time_s: float
     speedup_vs_fixed: float | None
     step_time_mean_s: float | None
     step_time_p95_s: float | None
@@ -54,6 +56,14 @@ class StrategyRow:
     @property
     def ran(self) -> bool:
         return self.efficiency is not None
+
+    @property
+    def tokens_per_s_with_drain(self) -> float:
+        """Throughput over the window and the drain after it: every token the window's batches
+        brought, for a strategy that holds work back past the window (used where a bound on the
+        whole batch's time must hold, e.g. ``tune``)."""
+        time_s = self.window_time_s + self.drain_time_s
+        return (self.window_tokens + self.drain_tokens) / time_s if time_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -124,6 +124,8 @@ class StrategyRun:
             failed_steps=tuple(s.step for s in self.steps if s.result is None),
             errors=tuple(sorted({s.error for s in self.steps if s.error})),
             tokens_per_s=tokens_per_s,
+            window_tokens=tokens,
+            window_time_s=sum(times),
             speedup_vs_fixed=tokens_per_s / baseline_tokens_per_s if baseline_tokens_per_s else None,
             step_time_mean_s=mean(times),
             step_time_p95_s=percentile(times, 95) if times else None,

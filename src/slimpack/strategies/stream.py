@@ -77,6 +77,20 @@ class PlannedStep:
         return sum(s.length * (self.step - s.arrival_step) for s in self.plan.trained_samples)
 
 
+def step_samples(sampler: GlobalBatchSampler, step: int) -> dict[int, tuple[Sample, DataSample]]:
+    """Step ``step``'s new samples by plan id, with the sampler's sample each comes from."""
+    first = sampler.samples_before(step)
+    return {first + s.id: (Sample(id=first + s.id, length=s.length, arrival_step=step), s)
+            for s in sampler.batch_at(step).samples}
+
+
+def stream_batches(dataset: Dataset, config: Config, num_steps: int, *, shuffle: bool = False) -> list[list[Sample]]:
+    """The new samples of steps ``0 .. num_steps - 1`` as a strategy sees them (for code that needs
+    the lengths ahead, e.g. ``tune``'s time floors)."""
+    sampler = GlobalBatchSampler(dataset, SamplerConfig.from_train(config.train, shuffle=shuffle))
+    return [[sample for sample, _ in step_samples(sampler, step).values()] for step in range(num_steps)]
+
+
 class PlanStream:
     """Plans of ``strategy`` for steps ``start, start + 1, …`` of ``dataset``'s batch stream."""
 
@@ -103,9 +117,7 @@ class PlanStream:
 
     def batch(self, step: int) -> dict[int, tuple[Sample, DataSample]]:
         """Step ``step``'s new samples by plan id (see the module docstring for the ids)."""
-        first = self.sampler.samples_before(step)
-        return {first + s.id: (Sample(id=first + s.id, length=s.length, arrival_step=step), s)
-                for s in self.sampler.batch_at(step).samples}
+        return step_samples(self.sampler, step)
 
     # ---- stepping ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[PlannedStep]:
