@@ -54,7 +54,7 @@ def _bad_input(cli, capsys, tmp_path, argv, message):
     (["simulate", "PLAN", "--trace", "/proc/x/trace.json"], "--trace /proc/x/trace.json: cannot write there"),
     (["plan", "--step", "-1"], "expected an integer >= 0"),
     (["compare", "--warmup", "-1"], "expected an integer >= 0"),
-    (["compare", "--steps", "0"], "expected an integer >= 1"),
+    (["compare", "--steps", "0"], "expected a positive integer"),
     (["plan", "--milp-time-limit", "nan"], "expected a finite number > 0"),
 ])
 def test_planning_commands(cli, capsys, tmp_path, files, argv, message):

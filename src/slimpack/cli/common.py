@@ -28,6 +28,7 @@ from slimpack.plan import Plan
 
 def _count(text: str, minimum: int) -> int:
     """An integer with an optional K/M/G suffix (64K = 65536), at least ``minimum``."""
+    wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     multipliers = {"k": 2**10, "m": 2**20, "g": 2**30}
     raw = text.strip().lower()
     scale = multipliers.get(raw[-1:], 1)
@@ -35,9 +36,9 @@ def _count(text: str, minimum: int) -> int:
     try:
         value = int(digits) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum} (e.g. 65536 or 64K), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {wanted} (e.g. 65536 or 64K), got {text!r}") from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
     return value
 
 
