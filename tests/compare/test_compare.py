@@ -94,10 +94,11 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
             "mean_delay_steps_per_token", "failed_steps", "held_after_window_tokens", "drain_steps", "drain_time_s",
             "drain_tokens"}
     assert all(keys <= set(row) for row in data["strategies"])
-    for name in ("report.md", "report.html", "throughput.png", "gantt.png", "group_times.png", "memory.png"):
+    for name in ("report.md", "report.html", "throughput.png", "step_throughput.png", "gantt.png",
+                 "group_times.png", "memory.png"):
         assert (report / name).stat().st_size > 1000
     html = (report / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == 5
     markdown = (report / "report.md").read_text()
     assert "slimpack compare" in markdown and "steps 1–2 measured after 1 warm-up step" in markdown
     # the terminal table and the report render the same cells (compare.row.COLUMNS)
@@ -106,6 +107,9 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
     assert f"| slimpack | {tokens} |" in markdown and f" {efficiency} |" in markdown
     assert tokens in terminal and efficiency in terminal
     assert "wlb held" in terminal and "Drain after the window" in markdown
+    # the title block says what the figures are and on which assumptions; the idle split is there
+    assert "# slimpack comparison (simulated)" in markdown and "**Simulated**, not measured" in markdown
+    assert "fa3 kernels: GEMM 0.75 of peak" in markdown and "| strategy | fill/drain |" in markdown
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -148,7 +152,7 @@ def test_slimpack_beats_every_baseline_on_a_long_tailed_batch():
 def test_a_strategy_that_cannot_run_the_layout_fails_alone():
     config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=2, dp=2, virtual_stages=2),
                           train=TrainConfig(max_context=32768, global_batch_tokens=1 << 18))
-    rows = _rows(compare(config, load_dataset("pydocs"), ["fixed", "slimpack"], Window(warmup_steps=1, steps=2)))
-    assert rows["slimpack"].failed_steps == (1, 2) and "interleaving" in rows["slimpack"].errors[0]
-    assert rows["slimpack"].efficiency is None
+    rows = _rows(compare(config, load_dataset("pydocs"), ["fixed", "slimpipe"], Window(warmup_steps=1, steps=2)))
+    assert rows["slimpipe"].failed_steps == (1, 2) and "virtual_stages" in rows["slimpipe"].errors[0]
+    assert rows["slimpipe"].efficiency is None
     assert rows["fixed"].failed_steps == () and rows["fixed"].tokens_per_s > 0

@@ -1,5 +1,5 @@
-"""Charts of a comparison (matplotlib, Agg): throughput, one step's Gantt per strategy, per-group
-forward/backward time spread, and peak memory per stage."""
+"""Charts of a comparison (matplotlib, Agg): throughput, per-group forward/backward time spread, and
+peak memory per stage (single steps: ``step_charts``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from slimpack.compare.row import StrategyRow  # noqa: E402
 from slimpack.compare.run import StrategyRun  # noqa: E402
-from slimpack.sim.plots import draw_gantt  # noqa: E402
 from slimpack.units import GIB  # noqa: E402
 
 
@@ -34,28 +33,6 @@ def throughput_chart(rows: Sequence[StrategyRow], path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def gantt_chart(runs: Sequence[StrategyRun], path: Path, max_pipelines: int = 2) -> None:
-    shown = [(run, run.representative()) for run in runs]
-    shown = [(run, rec) for run, rec in shown if rec is not None]
-    if not shown:
-        return
-    rows_per = [min(max_pipelines, len(rec.result.memory) // max(1, len(rec.result.peak_memory_bytes)))
-                * len(rec.result.peak_memory_bytes) for _, rec in shown]  # type: ignore[union-attr]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(13, sum(0.32 * r + 1.0 for r in rows_per) + 0.5),
-                             gridspec_kw={"height_ratios": [r + 3 for r in rows_per]}, squeeze=False)
-    end = max(rec.result.step_time_s for _, rec in shown)  # type: ignore[union-attr]
-    for ax, (run, rec) in zip(axes[:, 0], shown, strict=True):
-        result = rec.result
-        assert result is not None
-        draw_gantt(ax, result, max_pipelines=max_pipelines,
-                   title=f"{run.name}: step {rec.step} (median step), {result.step_time_s:.2f} s, "
-                         f"efficiency {result.efficiency:.3f}")
-        ax.set_xlim(0, end * 1.01)  # same time axis for every strategy
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -11,15 +11,20 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from slimpack.compare.charts import gantt_chart, group_time_chart, memory_chart, throughput_chart
+from slimpack.compare.charts import group_time_chart, memory_chart, throughput_chart
 from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
 from slimpack.compare.run import Comparison
+from slimpack.compare.step_charts import gantt_chart, step_throughput_chart
+from slimpack.config import Config
 
 CHARTS = (
     ("throughput.png", "Throughput", "Simulated tokens per second of each strategy over the same measured window."),
+    ("step_throughput.png", "Throughput step by step",
+     "Simulated tokens per second of every step: is a lead steady, or won on a few steps?"),
     ("gantt.png", "One step, device by device",
-     "The median window step of each strategy (first pipelines shown): forward, backward, gradient sync and "
-     "idle time per device. Gaps are pipeline bubbles and imbalance."),
+     "The same step (the same batch) for every strategy, on one time axis (first pipelines shown): forward, "
+     "backward, gradient sync and idle time per device. The last panel zooms on a slice of SlimPack's step so "
+     "that its groups can be told apart."),
     ("group_times.png", "Group time spread",
      "Forward and backward time of every group of the median step on a middle stage."),
     ("memory.png", "Peak memory", "Peak memory per pipeline stage against the GPU's usable memory."),
@@ -64,6 +69,7 @@ def write_report(comparison: Comparison, directory: Path, *, command: list[str])
 def _write_files(comparison: Comparison, directory: Path, *, command: list[str]) -> None:
     rows = comparison.table()
     throughput_chart(rows, directory / "throughput.png")
+    step_throughput_chart(comparison.runs, directory / "step_throughput.png")
     gantt_chart(comparison.runs, directory / "gantt.png")
     group_time_chart(comparison.runs, directory / "group_times.png")
     memory_chart(comparison.runs, directory / "memory.png")
@@ -79,15 +85,21 @@ def _write_files(comparison: Comparison, directory: Path, *, command: list[str])
              f"recompute {config.train.recompute}; {comparison.window.describe()}.")
     failures = [f"- {r.strategy}: failed on step(s) {list(r.failed_steps)}: {'; '.join(r.errors)}"
                 for r in rows if r.failed_steps]
-    sections = [f"# slimpack comparison\n\n{summary}\n\n{setup}\n", _markdown_table(rows)]
+    sections = [f"# slimpack comparison (simulated)\n\n{_basis(config)}\n\n{summary}\n\n{setup}\n",
+                _markdown_table(rows), _idle_table(rows)]
     drains = drain_notes(rows)
     if drains:
         sections.append("Drain after the window:\n\n" + "\n".join(f"- {note}." for note in drains))
     if failures:
         sections.append("Failures:\n\n" + "\n".join(failures))
     sections.append("Figures are over the measured window only: warm-up and drain steps are excluded. "
-                    "Efficiency = ideal step time (the plan's compute spread evenly over all GPUs) / simulated "
-                    "step time. Delay = steps a token waited because its strategy deferred it.")
+                    "Efficiency = ideal step time / simulated step time, where the ideal is the whole documents' "
+                    "training work (unsliced, no overheads, at full kernel efficiency) spread evenly over all GPUs: "
+                    "the same for every strategy on the same documents. Extra work = the plan's own modelled work "
+                    "over that ideal (slicing, per-call costs, tensor/context-parallel communication, "
+                    "recomputation). MFU = the whole documents' model FLOPs per second over the GPUs' peak. "
+                    "Documents longer than the context are cut into context-length chunks by the data sampler "
+                    "(no token is dropped). Delay = steps a token waited because its strategy deferred it.")
     for file, title, text in CHARTS:
         if (directory / file).exists():
             sections.append(f"## {title}\n\n{text}\n\n![{title}]({file})")
@@ -95,6 +107,33 @@ def _write_files(comparison: Comparison, directory: Path, *, command: list[str])
     markdown = "\n\n".join(sections) + "\n"
     (directory / "report.md").write_text(markdown)
     (directory / "report.html").write_text(_html(markdown, directory))
+
+
+def _basis(config: Config) -> str:
+    """What the figures are: simulated, with which cost model and which assumptions."""
+    eff = config.efficiency
+    basis = ("calibrated on this machine's measurements" if eff.kernels == "calibrated"
+             else "not calibrated: preset figures, not measurements of a cluster")
+    return (f"**Simulated**, not measured: slimpack's DAG simulator with its cost model ({basis}). "
+            f"Assumptions: {config.cluster.name}, {config.cluster.peak_flops / 1e12:.0f} TFLOP/s peak; "
+            f"{eff.assumptions()}; tensor parallelism with sequence parallelism, 4 collectives per layer "
+            f"forward and 6 backward, none overlapped with compute; activation memory per Korthikanti et al. "
+            f"with FlashAttention; recomputation {config.train.recompute}.")
+
+
+def _idle_table(rows: list[StrategyRow]) -> str:
+    """Where each strategy's idle device time goes (``sim.idle``), over its steps."""
+    lines = ["Idle device time, by cause (share of all device time): fill/drain = the bubble a balanced "
+             "pipeline with as many groups would have; replica wait = waiting for the slowest data-parallel "
+             "replica; throttled = a forward was ready but the schedule held it (activation memory); "
+             "imbalance = the rest (unequal work between stages).", "",
+             "| strategy | fill/drain | replica wait | throttled | imbalance |", "|---|---:|---:|---:|---:|"]
+    for row in rows:
+        idle = row.idle
+        if idle is not None:
+            lines.append(f"| {row.strategy} | {100 * idle['fill_drain']:.1f}% | {100 * idle['replica_wait']:.1f}% | "
+                         f"{100 * idle['throttled']:.1f}% | {100 * idle['imbalance']:.1f}% |")
+    return "\n".join(lines)
 
 
 def _html(markdown: str, directory: Path) -> str:

@@ -37,6 +37,8 @@ class StrategyRow:
     """Σ the plan's own modelled work / Σ ideal − 1: what its grouping adds over whole documents."""
     schedule_efficiency: float | None
     """Σ own work / Σ step time: how well the schedule packs the plan's own work."""
+    idle: dict[str, float] | None
+    """Where idle device time went over the window (``sim.idle`` keys), weighted by step time."""
     bubble_fraction: float | None
     mfu: float | None
     peak_memory_bytes: float
@@ -88,6 +90,8 @@ COLUMNS: tuple[tuple[str, Callable[[StrategyRow], str]], ...] = (
     ("step p95 (s)", lambda r: _fmt(r.step_time_p95_s, ".2f")),
     ("vs fixed", lambda r: _fmt(r.speedup_vs_fixed, ".2f") + "x"),
     ("efficiency", lambda r: _fmt(r.efficiency, ".3f")),
+    ("MFU", lambda r: _fmt(r.mfu, ".1f", 100) + "%"),
+    ("extra work", lambda r: "+" + _fmt(r.extra_work_fraction, ".1f", 100) + "%"),
     ("bubble", lambda r: _fmt(r.bubble_fraction, ".1f", 100) + "%"),
     ("peak mem / cap (GiB)", lambda r: f"{r.peak_memory_bytes / GIB:.1f} / {(r.memory_capacity_bytes or 0) / GIB:.1f}"),
     ("OOM steps", lambda r: str(len(r.oom_steps))),

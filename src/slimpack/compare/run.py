@@ -27,6 +27,7 @@ from slimpack.data import SamplerConfig
 from slimpack.errors import UserError
 from slimpack.plan.types import Plan
 from slimpack.sim import SimResult, simulate
+from slimpack.sim.idle import IdleSplit, idle_split
 from slimpack.strategies import STRATEGIES
 from slimpack.strategies.stream import PlannedStep, PlanStream
 
@@ -83,6 +84,8 @@ class StepRecord:
     """Σ tokens × steps waited, over the samples this step trains."""
     held_tokens: int
     """Tokens the strategy holds back for later steps after this one."""
+    idle: IdleSplit | None = None
+    """Where the step's idle device time went (fractions of device time, ``sim.idle``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,6 +138,7 @@ class StrategyRun:
             extra_work_fraction=(_ratio(sum(r.work_time_s for r in results), sum(r.ideal_time_s for r in results))
                                  - 1.0) if results else None,
             schedule_efficiency=_ratio(sum(r.work_time_s for r in results), sum(times)) if results else None,
+            idle=_idle(ok),
             bubble_fraction=mean([r.bubble_fraction for r in results]),
             mfu=mean([r.mfu for r in results]),
             peak_memory_bytes=max((max(r.peak_memory_bytes) for r in results), default=0.0),
@@ -148,6 +152,16 @@ class StrategyRun:
             drain_tokens=sum(s.scheduled_tokens for s in drain),
             held_after_drain_tokens=self.steps[-1].held_tokens if self.steps else 0,
         )
+
+
+def _idle(steps: Sequence[StepRecord]) -> dict[str, float] | None:
+    """The steps' idle splits weighted by step time (fractions of all the steps' device time)."""
+    weighted = [(s.idle, s.result.step_time_s) for s in steps if s.idle is not None and s.result is not None]
+    total = sum(weight for _, weight in weighted)
+    if not total:
+        return None
+    keys = weighted[0][0].to_dict()
+    return {key: sum(idle.to_dict()[key] * weight for idle, weight in weighted) / total for key in keys}
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -187,9 +201,10 @@ def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Pha
         return StepRecord(step=step, phase=phase, error=f"{type(exc).__name__}: {exc}", planner_time_s=0.0,
                           result=None, scheduled_tokens=0, delayed_token_steps=0,
                           held_tokens=stream.held_tokens), None
+    replicas = {p: len(pipe.replicas) for p, pipe in enumerate(planned.plan.pipelines)}
     return StepRecord(step=step, phase=phase, error=None, planner_time_s=planned.planner_time_s, result=result,
                       scheduled_tokens=planned.trained_tokens, delayed_token_steps=planned.delayed_token_steps,
-                      held_tokens=stream.held_tokens), planned.plan
+                      held_tokens=stream.held_tokens, idle=idle_split(result, replicas)), planned.plan
 
 
 def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Window, *, shuffle: bool = False,

@@ -70,7 +70,9 @@ def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahea
     counts_after: list[int] = list(need)  # forwards done before each B on the next stage down the line
     orders: list[tuple[Action, ...]] = []
     for stage in reversed(range(pp)):
-        cap = cap_tokens[stage] if cap_tokens is not None else None
+        # stage s runs at least the forwards of stage s+1 before each backward (below), so it holds
+        # at least what s+1 holds: a stage may only fill up to the smallest cap of the stages before it
+        cap = min(cap_tokens[:stage + 1]) if cap_tokens is not None else None
         actions: list[Action] = []
         counts: list[int] = []
         done_f, live = 0, 0.0

@@ -34,9 +34,11 @@ def _title(result: SimResult, extra: str = "") -> str:
             f"efficiency {result.efficiency:.1%}{extra}")
 
 
-def draw_gantt(ax: Axes, result: SimResult, *, max_pipelines: int = 8, title: str | None = None) -> None:
+def draw_gantt(ax: Axes, result: SimResult, *, max_pipelines: int = 8, title: str | None = None,
+               time_range: tuple[float, float] | None = None) -> None:
     """One row per device (pipeline x stage, pipeline 0 stage 0 on top), boxes coloured by kind on an
-    idle-coloured background, group numbers on the boxes wide enough to hold them."""
+    idle-coloured background, group numbers on the boxes wide enough to hold them. ``time_range``:
+    the seconds shown (default the whole step); a narrow one zooms in until the numbers fit."""
     pipelines = sorted({span.pipeline for span in result.spans})
     shown = pipelines[:max_pipelines]
     pp = 1 + max((span.stage for span in result.spans), default=0)
@@ -57,7 +59,7 @@ def draw_gantt(ax: Axes, result: SimResult, *, max_pipelines: int = 8, title: st
         ax.broken_barh(ranges, (row - 0.42, 0.84), facecolors=COLORS[kind], edgecolors="white", linewidths=0.3)
     for k in range(1, len(shown)):
         ax.axhline(k * pp - 0.5, color="#555555", linewidth=0.8)
-    ax.set_xlim(0.0, end)
+    ax.set_xlim(*(time_range or (0.0, end)))
     ax.set_ylim(num_rows - 0.5, -0.5)
     ax.set_yticks(range(num_rows), [f"p{p} s{s}" for p in shown for s in range(pp)],
                   fontsize=7 if num_rows > 16 else 9)

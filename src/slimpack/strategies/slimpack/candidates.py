@@ -3,10 +3,11 @@
 SlimPack's own candidates (K, slicing, backward grouping, look-ahead, DP-Merge) are scored on the
 pipelines that decide the step. The planner then also builds the plans of the baselines that train
 exactly the same documents (whole samples, symmetric groups, 1F1B: ByteScale's FLOP buckets, TRL's
-best-fit-decreasing, verl's Karmarkar-Karp), scores them with the same simulator and returns the
-fastest plan that fits in memory, saying in ``info["candidate"]`` which one won. Fixed-length
-packing and SlimPipe are not candidates: they split documents at sequence boundaries, which changes
-what is trained.
+best-fit-decreasing, verl's Karmarkar-Karp), and SlimPipe's slice-level 1F1B over best-fit-decreasing
+sequences of whole documents, scores them with the same simulator and returns the fastest plan that
+fits in memory, saying in ``info["candidate"]`` which one won. Fixed-length packing and SlimPipe
+itself are not candidates: they split documents at sequence boundaries, which changes what is
+trained.
 If no candidate fits, the planner raises one error that says what would make one fit.
 Must not import torch.
 """
@@ -16,13 +17,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from slimpack.cost import CostModel
-from slimpack.errors import UserError
+from slimpack.cost import CostModel, model_training_flops
+from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import Plan, Sample
 from slimpack.sim import simulate
+from slimpack.strategies.base import cut_to_context, whole
+from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
 BASELINE_CANDIDATES = ("bytescale", "bfd", "kk")
+CLEAR_LEAD = 0.05
+"""When SlimPack's plan simulates this much faster than its own whole-sample packing (same
+pipelines, same simulator) and memory is not tight, the candidates are not built: the whole-sample
+ones are packings of the same kind, and building and simulating them would double the planner's
+time where SlimPack leads."""
+TIGHT_MEMORY = 0.8
+"""Where SlimPack's plan fills more than this share of usable memory its schedule is throttled by
+the cap, and slice-level 1F1B (which holds less) may win however clear its lead over whole-sample
+packing: the candidates are then always tried."""
 KK_MAX_SAMPLES = 4096
 """Karmarkar-Karp's planning time grows fast with the batch (seconds at ~8K samples): above this
 many samples it is left out of the candidates."""
@@ -44,22 +56,55 @@ def plan_fits(plan: Plan, cost: CostModel) -> bool:
 
 
 def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+    """The baseline candidates' plans of ``batch``; a baseline that cannot plan it (e.g. under
+    interleaving, a group count that is not a multiple of pp) is left out."""
     from slimpack.strategies import make_planner  # the registry imports this package
 
-    names = [n for n in BASELINE_CANDIDATES if n != "kk" or len(batch) <= KK_MAX_SAMPLES]
-    return [make_planner(name, config).plan(batch, step=step) for name in names]
+    plans = []
+    for name in BASELINE_CANDIDATES:
+        if name == "kk" and len(batch) > KK_MAX_SAMPLES:
+            continue
+        try:
+            plans.append(make_planner(name, config).plan(batch, step=step))
+        except ScheduleError:
+            continue
+    return plans
 
 
-def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool) -> Plan:
-    """``plan`` (SlimPack's; ``fitting``: every pipeline fits) or a baseline candidate's plan
-    that the simulator finds faster, or that fits when ``plan`` does not. Raises a ``UserError``
-    when nothing fits."""
-    if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
-        return plan
+def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+    """SlimPipe's slice-level 1F1B over whole documents: best-fit-decreasing sequences (each within
+    the context), heaviest first dealt round-robin over the replicas, each cut into n equal-token
+    slices (n > 1). Where memory is tight this holds far fewer activations than 1F1B over whole
+    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary."""
+    from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
+
+    if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
+        return []
+    planner = SlimPipePlanner(config)
+    context = config.train.max_context
+    samples = cut_to_context(batch, context)
+    bins = best_fit_decreasing([s.length for s in samples], context)
+    flops = [sum(float(model_training_flops(config.model, samples[i].length)) for i in b) for b in bins]
+    order = sorted(range(len(bins)), key=lambda b: (-flops[b], b))
+    sequences = [[whole(samples[i]) for i in bins[b]] for b in order]
+    return [planner.build(samples, sequences, n, step) for n in planner.candidates if n > 1]
+
+
+def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
+    """``plan`` (SlimPack's; ``fitting``: every pipeline fits) or a candidate's plan that the
+    simulator finds faster, or that fits when ``plan`` does not. ``lead``: SlimPack's simulated
+    step over its own whole-sample packing's (scored on the same pipelines); the candidates are
+    skipped when the lead is clear and memory is not tight. Raises a ``UserError`` when nothing
+    fits."""
+    if fitting:
+        tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
+        if len(batch) > CANDIDATES_MAX_SAMPLES or (lead < 1 - CLEAR_LEAD and not tight):
+            return plan
     best, best_time = None, float("inf")
     if fitting:
         best, best_time = plan, simulate(plan, cost, check=False).step_time_s
-    for candidate in baseline_plans(batch, plan.step, plan.config):
+    for candidate in [*baseline_plans(batch, plan.step, plan.config),
+                      *sliced_sequence_plans(batch, plan.step, plan.config)]:
         if not plan_fits(candidate, cost):
             continue
         time_s = simulate(candidate, cost, check=False).step_time_s
@@ -69,7 +114,7 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         raise no_plan_fits(plan, cost)
     if best is plan:
         return plan
-    name = best.strategy
+    name = best.strategy if best.strategy != "slimpipe" else f"sliced bfd sequences (n={best.info['num_slices']})"
     info = {"candidate": name, "slimpack": dict(plan.info), name: dict(best.info)}
     return dataclasses.replace(best, strategy=plan.strategy, info=info)
 

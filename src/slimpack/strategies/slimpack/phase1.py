@@ -49,11 +49,14 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     return merges
 
 
-def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]]) -> list[Bin]:
+def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], *,
+            merged_speed: float = 1.0) -> list[Bin]:
     """Pipelines (merged groups first, then single replicas) and the items each runs. Items go
-    heaviest first to the pipeline whose load per replica is lowest (LPT on uniform machines,
-    Graham 1969), then single items move from the most to the least loaded pipeline while that
-    lowers the maximum load per replica."""
+    heaviest first to the pipeline whose load per unit of speed is lowest (LPT on uniform
+    machines, Graham 1969), then single items move from the most to the least loaded pipeline
+    while that lowers the maximum. A pipeline of k merged replicas counts as ``k * merged_speed``
+    replicas' speed: context parallelism and the outlier's chain make it slower than k replicas,
+    and the planner measures by how much (so the merged pipeline ends with the others)."""
     replicas = iter(range(dp))
     bins_replicas: list[tuple[int, ...]] = []
     members: list[list[int]] = []
@@ -66,10 +69,10 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]]) 
         bins_replicas.append((r,))
         members.append([])
         loads.append(0.0)
-    width = [len(r) for r in bins_replicas]
+    width = [len(r) * (merged_speed if len(r) > 1 else 1.0) for r in bins_replicas]
     merged = {i for i, _ in merges}
     # one heap of (load, bin) per pipeline width: the best bin for an item is the best heap top
-    heaps: dict[int, list[tuple[float, int]]] = {}
+    heaps: dict[float, list[tuple[float, int]]] = {}
     for b, w in enumerate(width):
         heaps.setdefault(w, []).append((loads[b], b))
     for heap in heaps.values():
@@ -84,7 +87,7 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]]) 
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 
 
-def _improve(costs: Sequence[float], members: list[list[int]], loads: list[float], width: list[int],
+def _improve(costs: Sequence[float], members: list[list[int]], loads: list[float], width: list[float],
              pinned: set[int], rounds: int = 200) -> None:
     """Move one item from the most loaded pipeline to the least loaded one while it helps."""
     for _ in range(rounds):

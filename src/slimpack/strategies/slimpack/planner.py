@@ -6,10 +6,14 @@ Per step:
 2. Phase 2 (``groups``/``partition``), per pipeline: samples laid out longest first (so sliced
    samples' chains sit at the front, where their forwards overlap the pipeline's warm-up), cut into
    K forward MicroPacks of equal forward cost, slicing samples at the cuts; the same slices are
-   regrouped into K backward MicroPacks of equal backward cost (asymmetric partitioning); the
-   per-stage order is the dependency-aware 1F1B under the memory cap.
-3. Candidates (K, the DP-Merge threshold, the schedule's look-ahead) are scored by the simulator;
-   the fastest plan that fits in memory wins (if none fits, the one with the least memory).
+   regrouped into K backward MicroPacks of equal backward cost (asymmetric partitioning, or a
+   bounded or symmetric grouping); the per-stage order is the dependency-aware 1F1B under each
+   stage's memory cap.
+3. Candidates (K, the backward grouping, slicing, the DP-Merge threshold and the merged pipeline's
+   share, the schedule's look-ahead) are scored by the simulator; the fastest that fits wins.
+4. Every pipeline is checked for memory (and rebuilt down a fallback ladder if it does not fit);
+   the whole plan is compared with whole-document baseline packings (``candidates``), and the
+   fastest plan that fits is returned, or one error says what would make one fit.
 Must not import torch.
 """
 
@@ -19,13 +23,12 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.errors import UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
-from slimpack.schedule.builders import backward_needs, dependency_aware
+from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
 from slimpack.schedule.default import activation_cap_tokens
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.candidates import safest_plan
@@ -34,6 +37,7 @@ from slimpack.strategies.slimpack.memory import fits
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
 from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
+from slimpack.strategies.slimpack.shape import ASYMMETRIC, BOUNDED, SYMMETRIC, Score, Shape, rank
 
 GROUPS_PER_STAGE = (2, 4, 8, 16, 32)
 """Candidate K = multiples of pp; the best is refined by its neighbours."""
@@ -46,12 +50,13 @@ HEAVY_HEAD = 0.05
 SCORE_PIPELINES = 2
 """The most loaded pipelines simulated per candidate (plus those with the most tokens and the
 longest sample, for memory)."""
-ASYMMETRIC, BOUNDED, SYMMETRIC = "asymmetric", "bounded", "symmetric"
-"""How backward groups are formed: balanced on backward cost (the paper's asymmetric partitioning);
-balanced on backward + forward cost, which keeps them closer in tokens to the forward groups, so
-fewer activations pile up while the forwards run ahead; or the forward groups themselves."""
-
-
+FULL_SEARCH_EVERY = 8
+"""Steps whose number is a multiple of this run the full candidate search; the others search
+around the previous step's winner (about a third of the candidates)."""
+MERGE_REBALANCES = 3
+"""Times a DP-Merged pipeline's share of the batch is corrected by its simulated finish time."""
+MERGE_FINISH_TOLERANCE = 0.02
+"""A merged pipeline ending within this share of the heaviest single replica's step is left as is."""
 @dataclass(slots=True)
 class MilpBudget:
     """The MILP refinement's share of one plan: a deadline for all its solves, and their results."""
@@ -60,44 +65,19 @@ class MilpBudget:
     results: list[MilpResult] = field(default_factory=list)
 
 
-class Shape(NamedTuple):
-    """One candidate shape of a pipeline's plan."""
-
-    num_groups: int
-    backward: str = ASYMMETRIC
-    """ASYMMETRIC, BOUNDED or SYMMETRIC backward groups."""
-    slicing: bool = True
-    """False keeps every sample whole (a baseline-like packing, scored like the rest)."""
-    lookahead: int = 0
-    head_weight: float = 0.0
-    """1.0 balances groups on the last stage's cost (layers + LM head + loss) instead of a middle
-    stage's: with a large vocabulary the last stage is the bottleneck and its per-token head work
-    makes token-heavy groups its slowest."""
-
-
-Score = tuple[bool, float, float]
-"""(fits in memory, step time, peak memory) of a candidate."""
-
-
-def rank(score: Score) -> tuple[bool, float]:
-    """Sort key: fitting candidates first, fastest first; then the least memory."""
-    fits_, time_s, peak = score
-    return (not fits_, time_s if fits_ else peak)
-
-
 class SlimPackPlanner:
     name = "slimpack"
 
     def __init__(self, config: Config) -> None:
-        if config.parallel.virtual_stages > 1:
-            raise UserError("slimpack: its dependency-aware schedule runs one model chunk per stage; "
-                            f"interleaving (virtual_stages = {config.parallel.virtual_stages}) is not supported")
         self.config = config
+        self.interleaved = config.parallel.virtual_stages > 1
         self.cost = CostModel(config)
         knobs = config.planner
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._seed: Shape | None = None
+        """The previous step's winning shape, which seeds this step's search."""
 
     # ---- costs ----------------------------------------------------------------------------
     def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
@@ -151,7 +131,7 @@ class SlimPackPlanner:
         slower (the MILP balances group costs; the simulator also sees what that does to the
         schedule)."""
         heuristic = self._build(bin_, samples, shape)
-        if milp is None or not heuristic.forward:
+        if milp is None or not heuristic.forward or self.interleaved:
             return heuristic
         if time.perf_counter() >= milp.deadline:
             milp.results.append(MilpResult([], "out of time", 0.0, 0.0))
@@ -185,6 +165,8 @@ class SlimPackPlanner:
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
+        if self.interleaved:
+            return self._interleaved(bin_, pieces, shape, cp)
         rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
         forward = cut_into_groups(pieces, shape.num_groups, forward_cost, rules)
@@ -200,6 +182,24 @@ class SlimPackPlanner:
                 bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
         return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd,
                             order=self._order(fwd, bwd, cp, shape.lookahead))
+
+    def _interleaved(self, bin_: Bin, pieces: Sequence[Slice], shape: Shape, cp: int) -> PipelinePlan:
+        """Under interleaving (virtual stages) the pipeline runs Megatron's interleaved 1F1B, which
+        runs backward groups in forward order and needs a multiple of pp groups: so whole samples
+        in symmetric groups of equal forward cost, as many as the shape asks, rounded down to a
+        multiple of pp. (A dependency-aware schedule over virtual stages, which would let sliced
+        samples and asymmetric groups run interleaved, is not built yet.)"""
+        par = self.config.parallel
+        forward_cost, _ = self._slice_costs(shape.head_weight)
+        rules = dataclasses.replace(self.rules, can_cut=False)
+        num_groups = min(shape.num_groups, len(pieces)) // par.pp * par.pp
+        if num_groups == 0:
+            raise UserError(f"slimpack: interleaved 1F1B needs at least pp = {par.pp} samples per pipeline, "
+                            f"a pipeline got {len(pieces)}; use a smaller --pp or --vpp 1, or a larger batch")
+        groups = tuple(tuple(g) for g in cut_into_groups(pieces, num_groups, forward_cost, rules))
+        assert len(groups) == num_groups, "whole samples cut into fewer groups than samples"
+        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=groups, backward=groups,
+                            order=interleaved_1f1b(num_groups, par.pp, par.virtual_stages))
 
     def _order(self, forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]], cp: int,
                lookahead: int) -> tuple:
@@ -235,14 +235,16 @@ class SlimPackPlanner:
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
         tokens_of = [sum(samples[i].length for i in b.items) / len(b.replicas) for b in bins]
         longest = [max((samples[i].length for i in b.items), default=0) / len(b.replicas) for b in bins]
+        merged = {b for b in range(len(bins)) if len(bins[b].replicas) > 1}  # their speed is estimated
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
-                  max(range(len(bins)), key=lambda b: (longest[b], -b))}
+                  max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
         return [bins[b] for b in sorted(picked)]
 
-    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> dict[Shape, Score]:
+    def _search(self, bins: Sequence[Bin], samples: Sequence[Sample], seed: Shape | None) -> dict[Shape, Score]:
         """Every candidate scored for these bins: a coarse sweep of K with asymmetric and symmetric
         backward groups, then the best K's neighbours, the bounded asymmetry, the look-aheads, the
-        last-stage balance and whole samples at the best shape."""
+        last-stage balance and whole samples at the best shape. With a ``seed`` (the previous
+        step's winner: consecutive batches of one stream are alike) only its neighbourhood."""
         scored_bins = self._scored_bins(bins, samples)
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
@@ -256,7 +258,20 @@ class SlimPackPlanner:
             return min(scores, key=lambda c: (rank(scores[c]), c))
 
         knobs = self.config.planner
+        if self.interleaved:  # whole samples, symmetric groups (see _interleaved)
+            best = evaluate({Shape(min(limit, m * pp), SYMMETRIC, False) for m in GROUPS_PER_STAGE})
+            evaluate({best._replace(num_groups=max(pp, round(best.num_groups * f / pp) * pp)) for f in (0.7, 1.4)})
+            return scores
         modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
+        if seed is not None:
+            best = evaluate({seed._replace(num_groups=max(1, min(limit, round(seed.num_groups * f))))
+                             for f in (0.8, 1.0, 1.25)})
+            others = {best._replace(backward=mode) for mode in (*modes, BOUNDED)[:len(modes) + knobs.use_asymmetric]}
+            if knobs.use_slicing:
+                others.add(best._replace(slicing=not best.slicing, backward=SYMMETRIC if best.slicing else ASYMMETRIC))
+            best = evaluate(others)
+            evaluate({best._replace(lookahead=la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
+            return scores
         best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
@@ -267,6 +282,29 @@ class SlimPackPlanner:
         if knobs.use_slicing:
             evaluate({best._replace(slicing=False, backward=SYMMETRIC)})
         return scores
+
+    def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], samples: Sequence[Sample],
+                       bins: Sequence[Bin], shape: Shape) -> list[tuple[dict[Shape, Score], list[Bin], float]]:
+        """DP-Merge that ends with everyone: phase 1 first counts k merged replicas as k replicas'
+        speed; the merged pipeline then simulates slower (context parallelism, the outlier's
+        chain), so its speed is corrected by the simulated ratio of step times and the batch
+        re-balanced, a few times. Each re-balanced layout, scored with ``shape``."""
+        out = []
+        speed = 1.0
+        for _ in range(MERGE_REBALANCES):
+            merged = [b for b in bins if len(b.replicas) > 1]
+            single = [b for b in bins if len(b.replicas) == 1]
+            if not single:
+                break
+            merged_s = max(self._simulate([(b, self._build(b, samples, shape))], samples)[1] for b in merged)
+            heaviest = max(single, key=lambda b: (b.load, -b.replicas[0]))
+            single_s = self._simulate([(heaviest, self._build(heaviest, samples, shape))], samples)[1]
+            if abs(merged_s - single_s) <= MERGE_FINISH_TOLERANCE * single_s:
+                break
+            speed *= single_s / merged_s
+            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speed)
+            out.append(({shape: self._score(self._scored_bins(bins, samples), samples, shape)}, bins, speed))
+        return out
 
     def _fallbacks(self, shape: Shape, ranked: Sequence[Shape]) -> list[Shape]:
         """Shapes to try, in order, for a pipeline that does not fit with ``shape``: the other
@@ -295,6 +333,7 @@ class SlimPackPlanner:
         best = None
         tried = 0
         layouts: set[tuple] = set()
+        seed = self._seed if step % FULL_SEARCH_EVERY and not self.interleaved else None
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
             bins = balance(loads, par.dp, merges)
@@ -302,13 +341,19 @@ class SlimPackPlanner:
             if layout in layouts:
                 continue  # this threshold merges nothing new
             layouts.add(layout)
-            scores = self._search(bins, samples)
+            scores = self._search(bins, samples, seed)
             tried += len(scores)
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
-            if best is None or rank(scores[shape]) < rank(best[0]):
-                best = (scores[shape], bins, shape, share, len(merges), scores)
+            candidates = [(scores, bins, 1.0)]
+            if merges:
+                candidates += self._merged_speeds(loads, merges, samples, bins, shape)
+                tried += len(candidates) - 1
+            for scored, layout_bins, speed in candidates:
+                if best is None or rank(scored[shape]) < rank(best[0]):
+                    best = (scored[shape], layout_bins, shape, share, len(merges), scored, speed)
         assert best is not None
-        _, bins, shape, share, num_merged, scores = best
+        _, bins, shape, share, num_merged, scores, merged_speed = best
+        self._seed = shape
         ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         pipelines, fallbacks = [], 0
@@ -320,14 +365,19 @@ class SlimPackPlanner:
                 fallbacks += 1
             # formations are reported in the plan only (scoring does not need them)
             pipelines.append(dataclasses.replace(pipe, formations=formations(pipe.forward)))  # type: ignore[arg-type]
-        info = {"candidate": "slimpack", "num_groups": shape.num_groups, "backward": shape.backward,
+        info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
+                "num_groups": shape.num_groups, "backward": shape.backward,
                 "slicing": shape.slicing, "lookahead": shape.lookahead, "head_weight": shape.head_weight,
-                "merge_share": share, "merged_pipelines": num_merged, "candidates": tried,
+                "merge_share": share, "merged_pipelines": num_merged, "merged_speed": merged_speed,
+                "candidates": tried,
                 "memory_fallback_pipelines": fallbacks,
                 "milp": _milp_summary(milp.results if milp else None)}
         plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=tuple(pipelines), info=info)
-        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines))
+        whole = [scores[c][1] for c in scores if not c.slicing and scores[c][0]]
+        lead = scores[shape][1] / min(whole) if whole and scores[shape][0] else 1.0
+        plan.info["step_over_whole_samples"] = lead
+        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines), lead=lead)
         plan.info["planner_time_s"] = time.perf_counter() - began
         return plan
 

@@ -1,0 +1,294 @@
+"""Stress sweep (issue 12): SlimPack against every baseline over seeded random regimes, far outside
+the matrix's 64K tokens per GPU, written to docs/stress.md.
+
+Each cell draws a dataset, a model (llama2-7b/70b, llama3-8b, qwen2.5-7b), a context (8K-256K), the
+tokens per GPU per step (16K-512K) and a layout (tp 1-8, pp 1-8, vpp 1-2, cp 1-4, dp 1-4, recompute
+none/selective/full) from a seeded generator; layouts whose model states do not fit, or whose batch
+is too large to plan on a laptop core, are redrawn. Every strategy plans and simulates one step of
+the same batch (simulated, the default uncalibrated H100 cost model). Per cell: each strategy's
+tokens/s and OOM, SlimPack's tokens/s over the best baseline's, and SlimPack's step over the layout's
+lower bound: the max over devices of the device's simulated work, plus the fill before its first
+forward and the drain after its last backward (the first forward and the last backward group on the
+stages before it) and the gradient sync and optimizer step after it.
+
+    python benchmarks/stress.py --cells 200 --part 0/2 --out /tmp/stress    # resumable, in parts
+    python benchmarks/stress.py --cells 200 --report --out /tmp/stress      # -> docs/stress.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from slimpack.compare.run import Window, run_strategy
+from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.cost import CostModel
+from slimpack.data import bundled_datasets, load_dataset
+from slimpack.errors import UserError
+from slimpack.sim import SimResult
+from slimpack.strategies import STRATEGIES
+from slimpack.strategies.stream import stream_batches
+
+MODELS = ("llama2-7b", "llama2-70b", "llama3-8b", "qwen2.5-7b")
+CONTEXTS = (8192, 16384, 32768, 65536, 131072, 262144)
+TOKENS_PER_GPU = (16384, 32768, 65536, 131072, 262144, 524288)
+MAX_BATCH_TOKENS = 8 * 2**20
+"""Cells whose global batch exceeds this are redrawn: planning every strategy on bigger batches
+takes minutes per cell on one core."""
+BASELINES = tuple(name for name in STRATEGIES if name != "slimpack")
+WHOLE_DOCUMENT = ("bfd", "kk", "wlb", "bytescale")
+"""Baselines that train every document whole, as SlimPack does; ``fixed`` (and ``slimpipe``, built
+on its sequences) cut documents at sequence boundaries, so they train less attention per token."""
+
+
+def draw_cell(seed: int, index: int) -> dict:
+    """The cell's settings: a pure function of (seed, index)."""
+    rng = random.Random(seed * 1_000_003 + index)
+    while True:
+        cell = {"index": index, "dataset": rng.choice(bundled_datasets()), "model": rng.choice(MODELS),
+                "context": rng.choice(CONTEXTS), "tokens_per_gpu": rng.choice(TOKENS_PER_GPU),
+                "tp": rng.choice((1, 2, 4, 8)), "pp": rng.choice((1, 2, 4, 8)), "vpp": rng.choice((1, 1, 2)),
+                "cp": rng.choice((1, 1, 2, 4)), "dp": rng.choice((1, 2, 4)),
+                "recompute": rng.choice(("none", "selective", "full"))}
+        if cell["pp"] == 1:
+            cell["vpp"] = 1
+        try:
+            config = cell_config(cell)
+            CostModel(config).check_states_fit()
+        except (UserError, ValueError):
+            continue
+        if config.train.global_batch_tokens <= MAX_BATCH_TOKENS:
+            return cell
+
+
+def cell_config(cell: dict):
+    parallel = ParallelConfig(tp=cell["tp"], pp=cell["pp"], dp=cell["dp"], cp=cell["cp"],
+                              virtual_stages=cell["vpp"])
+    batch = max(cell["tokens_per_gpu"] * parallel.num_devices, cell["context"])
+    return build_config(model=cell["model"], parallel=parallel,
+                        train=TrainConfig(max_context=cell["context"], global_batch_tokens=batch,
+                                          recompute=cell["recompute"]))
+
+
+def lower_bound_s(result: SimResult) -> float:
+    """Max over devices of: fill (first forward group on the stages before it) + the device's work
+    + drain (last backward group on the stages before it) + its stage's gradient sync and optimizer."""
+    work: dict[tuple[int, int], float] = {}
+    first_forward: dict[tuple[int, int], float] = {}
+    last_backward: dict[tuple[int, int], tuple[float, float]] = {}
+    after: dict[int, float] = {}
+    for span in result.spans:
+        key = (span.pipeline, span.stage)
+        length = span.end_s - span.start_s
+        if span.kind in ("sync", "optim"):
+            if span.pipeline == 0:  # every pipeline's stage runs the same sync and optimizer step
+                after[span.stage] = after.get(span.stage, 0.0) + length
+            continue
+        work[key] = work.get(key, 0.0) + length
+        if span.kind == "F" and span.group == 0 and span.chunk == 0:
+            first_forward[key] = length
+        if span.kind == "B" and (key not in last_backward or span.end_s > last_backward[key][0]):
+            last_backward[key] = (span.end_s, length)
+    bound = 0.0
+    for (pipe, device), busy in work.items():
+        fill = sum(first_forward.get((pipe, d), 0.0) for d in range(device))
+        drain = sum(last_backward.get((pipe, d), (0.0, 0.0))[1] for d in range(device))
+        bound = max(bound, fill + busy + drain + after.get(device, 0.0))
+    return bound
+
+
+def run_strategy_in_cell(name: str, config, dataset) -> dict:
+    """One strategy's record in a cell (SlimPack's with its step, lower bound and winning candidate).
+    The cell is one step; a deferring strategy's drain is counted, so every strategy trains the same tokens."""
+    run = run_strategy(name, config, dataset, Window(warmup_steps=0, steps=1))
+    row = run.metrics()
+    record = {"tokens_per_s": row.tokens_per_s_with_drain, "oom": bool(row.oom_steps),
+              "failed": bool(row.failed_steps), "errors": list(row.errors),
+              "planner_s": row.planner_time_p50_s}
+    first = run.steps[0].result
+    if name == "slimpack" and first is not None:
+        record["step_s"] = first.step_time_s
+        record["lower_bound_s"] = lower_bound_s(first)
+        plan = run.plans[0]
+        record["candidate"] = plan.info.get("candidate") if plan is not None else None
+    return record
+
+
+def run_cell(cell: dict) -> dict:
+    config = cell_config(cell)
+    dataset = load_dataset(cell["dataset"])
+    out = dict(cell, gpus=config.parallel.num_devices, batch_tokens=config.train.global_batch_tokens,
+               samples=len(stream_batches(dataset, config, 1)[0]), strategies={})
+    began = time.perf_counter()
+    for name in STRATEGIES:
+        out["strategies"][name] = run_strategy_in_cell(name, config, dataset)
+    out["seconds"] = time.perf_counter() - began
+    return out
+
+
+def rerun_slimpack(cell: dict) -> dict:
+    """The cell with SlimPack planned again by this checkout (the baselines' records kept)."""
+    config = cell_config(cell)
+    cell["strategies"]["slimpack"] = run_strategy_in_cell("slimpack", config, load_dataset(cell["dataset"]))
+    cell["slimpack_rerun"] = True
+    return cell
+
+
+def _best_fitting(cell: dict, names: tuple[str, ...]) -> tuple[str, float] | None:
+    fitting = {b: cell["strategies"][b]["tokens_per_s"] for b in names
+               if not cell["strategies"][b]["oom"] and not cell["strategies"][b]["failed"]}
+    if not fitting:
+        return None
+    best = max(fitting, key=lambda b: (fitting[b], b))
+    return best, fitting[best]
+
+
+def _slimpack_ok(cell: dict) -> bool:
+    slim = cell["strategies"]["slimpack"]
+    return not slim["oom"] and not slim["failed"]
+
+
+def summarize(cells: list[dict], names: tuple[str, ...] = BASELINES) -> dict:
+    """The acceptance figures of issue 12 over the cells, against the best of ``names``."""
+    ratios, bounds, oom_where_baseline_fits, baseline_none = [], [], [], 0
+    for cell in cells:
+        slim = cell["strategies"]["slimpack"]
+        best = _best_fitting(cell, names)
+        if best and not _slimpack_ok(cell):
+            oom_where_baseline_fits.append(cell["index"])
+        if not best:
+            baseline_none += 1
+        elif _slimpack_ok(cell):
+            ratios.append((slim["tokens_per_s"] / best[1], cell["index"]))
+        if _slimpack_ok(cell) and slim.get("lower_bound_s"):
+            bounds.append(slim["step_s"] / slim["lower_bound_s"])
+    values = sorted(r for r, _ in ratios)
+    bounds.sort()
+    return {
+        "cells": len(cells), "no_baseline_fits": baseline_none,
+        "slimpack_oom_or_failed_where_a_baseline_fits": oom_where_baseline_fits,
+        "compared": len(values),
+        "at_least_best_baseline": sum(r >= 1 - 1e-9 for r in values),
+        "below_0.97": sorted(i for r, i in ratios if r < 0.97),
+        "ratio_min": values[0] if values else None, "ratio_median": statistics.median(values) if values else None,
+        "step_over_lower_bound_median": statistics.median(bounds) if bounds else None,
+        "step_over_lower_bound_p5_worst": bounds[min(len(bounds) - 1, round(0.95 * (len(bounds) - 1)))] if bounds else None,
+    }
+
+
+def report(cells: list[dict], command: str) -> str:
+    lines = [
+        "# Stress sweep: SlimPack against every baseline over random regimes (issue 12)", "",
+        "Simulated with the default (uncalibrated) H100 cost model, one step per cell, every strategy on the "
+        "same batch. Cells are drawn by `benchmarks/stress.py` (see its docstring for the ranges).", "",
+        f"Reproduce: `{command}` (then `--report`).", ""]
+    rerun = sorted(c["index"] for c in cells if c.get("slimpack_rerun"))
+    if rerun:
+        lines += [f"SlimPack was planned again by a later checkout (`--rerun-behind`) in {len(rerun)} cells where it "
+                  f"was behind the best baseline, marked * below: {rerun}.", ""]
+    for title, names in (("every baseline", BASELINES),
+                         ("the baselines that train whole documents (bfd, kk, wlb, bytescale)", WHOLE_DOCUMENT)):
+        s = summarize(cells, names)
+        lines += [
+            f"Against {title}:", "",
+            f"- cells: **{s['cells']}**; cells where none of them fits or runs: {s['no_baseline_fits']}",
+            f"- SlimPack OOM or failed where one of them fits: "
+            f"**{len(s['slimpack_oom_or_failed_where_a_baseline_fits'])}** "
+            f"{s['slimpack_oom_or_failed_where_a_baseline_fits'] or ''}",
+            f"- SlimPack >= the best one's tokens/s: **{s['at_least_best_baseline']} of {s['compared']}** "
+            f"({s['at_least_best_baseline'] / max(1, s['compared']):.1%}); below 0.97x: {len(s['below_0.97'])} "
+            f"{s['below_0.97'] or ''}",
+            f"- SlimPack / best tokens/s: min {_fmt(s['ratio_min'])}, median {_fmt(s['ratio_median'])}", ""]
+    s = summarize(cells)
+    lines += [
+        f"SlimPack's step / the layout's lower bound (see the docstring): median "
+        f"{_fmt(s['step_over_lower_bound_median'])}, worst 5% from {_fmt(s['step_over_lower_bound_p5_worst'])}", "",
+        "| # | dataset | model | ctx | tok/GPU | tp pp vpp cp dp | recompute | slimpack tok/s | won by | best baseline | "
+        "ratio | best whole-doc | ratio | step / bound |",
+        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---|---:|---:|"]
+    for cell in sorted(cells, key=lambda c: c["index"]):
+        slim = cell["strategies"]["slimpack"]
+        slim_text = "OOM" if slim["oom"] else ("failed" if slim["failed"] else f"{slim['tokens_per_s']:,.0f}")
+        columns = []
+        for names in (BASELINES, WHOLE_DOCUMENT):
+            best = _best_fitting(cell, names)
+            columns.append(f"{best[0]} {best[1]:,.0f}" if best else "none fits")
+            columns.append(_fmt(slim["tokens_per_s"] / best[1] if best and _slimpack_ok(cell) else None))
+        bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
+        lines.append(
+            f"| {cell['index']}{'*' if cell.get('slimpack_rerun') else ''} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "
+            f"{cell['tokens_per_gpu'] // 1024}K | {cell['tp']} {cell['pp']} {cell['vpp']} {cell['cp']} {cell['dp']} | "
+            f"{cell['recompute']} | {slim_text} | {slim.get('candidate') or '-'} | {' | '.join(columns)} | "
+            f"{_fmt(bound)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=12)
+    parser.add_argument("--part", default="0/1", help="i/n: run the cells whose index is i modulo n")
+    parser.add_argument("--out", default="stress-results", help="folder of per-cell JSON results (resumable)")
+    parser.add_argument("--report", action="store_true", help="write docs/stress.md from the results so far")
+    parser.add_argument("--doc", default="docs/stress.md")
+    parser.add_argument("--rerun-behind", action="store_true",
+                        help="plan SlimPack again (this checkout) in the finished cells where it is below the best "
+                             "baseline or failed, keeping the baselines' records")
+    args = parser.parse_args()
+    try:
+        part, parts = (int(x) for x in args.part.split("/"))
+        if not 0 <= part < parts:
+            raise ValueError
+    except ValueError:
+        print(f"stress: --part must be i/n with 0 <= i < n, got {args.part!r}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.report:
+        cells = [json.loads(p.read_text()) for p in sorted(out.glob("cell-*.json"))]
+        cells = [c for c in cells if c["index"] < args.cells]
+        Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}"))
+        print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT)},
+                         indent=1))
+        return 0
+    mine = [i for i in range(args.cells) if i % parts == part]
+    if args.rerun_behind:
+        for index in mine:
+            path = out / f"cell-{index:04d}.json"
+            if not path.exists():
+                continue
+            cell = json.loads(path.read_text())
+            best = _best_fitting(cell, BASELINES)
+            slim = cell["strategies"]["slimpack"]
+            if cell.get("slimpack_rerun") or not best or (_slimpack_ok(cell) and slim["tokens_per_s"] >= best[1]):
+                continue
+            cell = rerun_slimpack(cell)
+            path.write_text(json.dumps(cell))
+            print(f"cell {index}: slimpack {slim['tokens_per_s']:,.0f} -> "
+                  f"{cell['strategies']['slimpack']['tokens_per_s']:,.0f} tok/s (best baseline {best[1]:,.0f})", flush=True)
+        return 0
+    for n, index in enumerate(mine, 1):
+        path = out / f"cell-{index:04d}.json"
+        if path.exists():
+            continue
+        cell = draw_cell(args.seed, index)
+        result = run_cell(cell)
+        path.write_text(json.dumps(result))
+        slim = result["strategies"]["slimpack"]
+        print(f"[{n}/{len(mine)}] cell {index}: {cell['model']} {cell['context'] // 1024}K "
+              f"tp{cell['tp']} pp{cell['pp']} vpp{cell['vpp']} cp{cell['cp']} dp{cell['dp']} {cell['recompute']} "
+              f"slimpack {slim['tokens_per_s']:,.0f} tok/s oom={slim['oom']} ({result['seconds']:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
