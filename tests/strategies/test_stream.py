@@ -115,3 +115,23 @@ def test_trained_documents_are_whole_even_when_a_strategy_cuts_them():
     assert sorted(fixed.trained_document_lengths) == sorted(s.length for s, _ in batch.values())
     assert len(fixed.trained) > len(batch)  # fixed cut some documents at sequence boundaries
     assert fixed.trained_tokens == sum(fixed.trained_document_lengths)
+
+
+def test_seeking_slimpack_replays_only_from_its_last_full_search(monkeypatch):
+    # SlimPack's search seed is replaced by a full search every `resets_every` steps: a stream that
+    # seeks to step 6 plans steps 4 and 5 only (period 4 here), and its step 6 equals the walked one.
+    from slimpack.strategies.slimpack import planner as slimpack_planner
+
+    monkeypatch.setattr(slimpack_planner.SlimPackPlanner, "resets_every", 4)
+    monkeypatch.setattr(slimpack_planner, "FULL_SEARCH_EVERY", 4)
+    cfg, data = _config(), load_dataset("wikipedia")
+    walked = PlanStream(data, cfg, "slimpack")
+    expected = [next(walked) for _ in range(7)][-1]
+    planned_steps: list[int] = []
+    sought = PlanStream(data, cfg, "slimpack")
+    original = sought.planner.__class__.plan
+    monkeypatch.setattr(slimpack_planner.SlimPackPlanner, "plan",
+                        lambda self, batch, *, step: planned_steps.append(step) or original(self, batch, step=step))
+    sought.seek(6)
+    assert planned_steps == [4, 5]
+    assert _plan(next(sought)) == _plan(expected)

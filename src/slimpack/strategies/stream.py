@@ -148,15 +148,20 @@ class PlanStream:
     # ---- seeking and checkpoints ---------------------------------------------------------------
     def seek(self, step: int) -> None:
         """Make ``step`` the next step planned. A stateful strategy replays the steps in between
-        (from step 0 when seeking back); restore it with ``load_state_dict`` to skip the replay."""
+        (from step 0, or from its last reset, when seeking back or far ahead); restore it with
+        ``load_state_dict`` to skip the replay."""
         if step < 0:
             raise UserError(f"step must be >= 0, got {step}")
         if not self.stateful:
             self.step = step
             return
-        if step < self.step:
+        # a planner whose state a full search replaces every ``resets_every`` steps (SlimPack's search
+        # seed) replays from the last such step; any other stateful planner from step 0
+        period = getattr(self.planner, "resets_every", None)
+        restart = step - step % period if period else 0
+        if step < self.step or restart > self.step:
             self.planner = make_planner(self.strategy, self.config)
-            self.step, self._held = 0, {}
+            self.step, self._held = restart, {}
         while self.step < step:
             next(self)
 
