@@ -1,7 +1,7 @@
 """What each SlimPack idea adds: the full planner against itself with one idea switched off, on the
 same batches, written to docs/ablation.md.
 
-    python benchmarks/ablation.py [--steps 2]
+    python benchmarks/ablation.py [--warmup 2 --steps 8]
 
 Variants: slicing, asymmetric backward groups, DP-aware (cost-balanced) phase 1, DP-Merge, the MILP
 refinement, and the beyond-the-paper look-ahead. Settings: long-tailed
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from slimpack.compare.run import run_strategy, step_batches
+from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, Window, run_strategy
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
 
@@ -36,12 +36,13 @@ SETTINGS = (  # dataset, model, context, layout, recompute, global batch tokens
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_STEPS, help="unmeasured steps first")
+    parser.add_argument("--steps", type=int, default=DEFAULT_WINDOW_STEPS, help="measured window")
     parser.add_argument("--out", default="docs/ablation.md")
     args = parser.parse_args()
     lines = ["# SlimPack ablation", "",
              "Simulated tokens/s of the full planner and of the planner with one idea switched off "
-             f"(same {args.steps} batches, default H100 cost model). Cells: tokens/s relative to the full planner "
+             f"(same window of {args.steps} batches after {args.warmup} warm-up steps, default H100 cost model). Cells: tokens/s relative to the full planner "
              "(below 1.00 = the idea helps), with efficiency in brackets.", "",
              f"Reproduce: `python {' '.join(sys.argv)}`", "",
              "| setting | full | " + " | ".join(f"no {s[4:].replace('_', ' ')}" for s in SWITCHES) + " |",
@@ -49,19 +50,19 @@ def main() -> int:
     for dataset, model, context, parallel, recompute, batch in SETTINGS:
         config = build_config(model=model, parallel=parallel,
                               train=TrainConfig(max_context=context, recompute=recompute, global_batch_tokens=batch))
-        batches = step_batches(load_dataset(dataset), config, args.steps)
+        data, window = load_dataset(dataset), Window(warmup_steps=args.warmup, steps=args.steps)
         began = time.perf_counter()
         cells = []
         full = None
         for switch in (None, *SWITCHES):
             variant = config if switch is None else dataset_variant(config, switch)
-            metrics = run_strategy("slimpack", variant, batches).metrics()
+            metrics = run_strategy("slimpack", variant, data, window).metrics()
             if switch is None:
                 full = metrics
-                cells.append(f"{metrics['tokens_per_s']:,.0f} ({metrics['efficiency']:.3f})")
+                cells.append(f"{metrics.tokens_per_s:,.0f} ({metrics.efficiency:.3f})")
             else:
-                oom = " OOM" if metrics["oom_steps"] else ""
-                cells.append(f"{metrics['tokens_per_s'] / full['tokens_per_s']:.3f} ({metrics['efficiency']:.3f}){oom}")
+                oom = " OOM" if metrics.oom_steps else ""
+                cells.append(f"{metrics.tokens_per_s / full.tokens_per_s:.3f} ({metrics.efficiency:.3f}){oom}")
         setting = (f"{dataset}, {model}, {context // 1024}K, {parallel.num_devices} GPUs (cp {parallel.cp}), "
                    f"{batch // MI}M-token batches")
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")

@@ -1,8 +1,6 @@
-"""Simulated throughput of the baselines (and SlimPack) over consecutive steps of a bundled dataset.
-
-Every strategy plans the same batches (``compare.step_batches``); after the last batch, strategies
-that hold samples back (WLB-LLM) get empty batches until they have trained everything, and those
-drain steps count, so every strategy is charged for the same tokens.
+"""Simulated throughput of the baselines (and SlimPack) over a measured window of a bundled dataset's
+shuffled stream, under the comparison protocol (``slimpack.compare``): warm-up steps, then the window;
+work a strategy defers past the window is drained and reported apart.
 
     PYTHONPATH=src python benchmarks/baselines.py --dataset wlbllm --context 131072 --steps 20
 """
@@ -10,46 +8,20 @@ drain steps count, so every strategy is charged for the same tokens.
 from __future__ import annotations
 
 import argparse
-import time
 
-from slimpack.compare.run import step_batches
+from slimpack.compare import Window, compare
+from slimpack.compare.run import DEFAULT_WARMUP_STEPS
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
-from slimpack.sim import simulate
-from slimpack.strategies import STRATEGIES, make_planner
-
-MAX_DRAIN_STEPS = 100
-
-
-def run(name: str, config, batches) -> dict:
-    planner = make_planner(name, config)
-    tokens = busy = ideal = planning = 0.0
-    effs, steps, step = [], 0, 0
-    while True:
-        batch = batches[step] if step < len(batches) else []
-        began = time.perf_counter()
-        plan = planner.plan(batch, step=step)
-        planning += time.perf_counter() - began
-        result = simulate(plan)
-        if result.num_tokens:
-            tokens += result.num_tokens
-            busy += result.step_time_s
-            ideal += result.ideal_time_s
-            effs.append(result.efficiency)
-            steps += 1
-        step += 1
-        if step >= len(batches) and (not plan.deferred or step >= len(batches) + MAX_DRAIN_STEPS):
-            break
-    return {"strategy": name, "steps": steps, "tokens": int(tokens), "tokens_per_s": tokens / busy,
-            "efficiency": ideal / busy, "mean_step_efficiency": sum(effs) / len(effs),
-            "planner_s_per_step": planning / step}
+from slimpack.strategies import STRATEGIES
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="wlbllm")
     parser.add_argument("--context", type=int, default=131072)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_STEPS)
+    parser.add_argument("--steps", type=int, default=20, help="measured window")
     parser.add_argument("--batch-tokens", type=int, default=4 * 2**20)
     parser.add_argument("--model", default="llama2-7b")
     parser.add_argument("--gpu", default="h100-sxm")
@@ -59,17 +31,19 @@ def main() -> None:
     tp, pp, dp = (int(x) for x in args.layout.split(","))
     config = build_config(model=args.model, gpu=args.gpu, parallel=ParallelConfig(tp=tp, pp=pp, dp=dp),
                           train=TrainConfig(max_context=args.context, global_batch_tokens=args.batch_tokens))
-    batches = step_batches(load_dataset(args.dataset), config, args.steps, shuffle=True)
-    rows = [run(name, config, batches) for name in args.strategies.split(",")]
-    base = next((r["tokens_per_s"] for r in rows if r["strategy"] == "fixed"), None)
+    window = Window(warmup_steps=args.warmup, steps=args.steps)
+    rows = compare(config, load_dataset(args.dataset), args.strategies.split(","), window, shuffle=True).table()
     print(f"{args.model} {args.gpu} tp{tp} pp{pp} dp{dp}, context {args.context}, "
-          f"{args.batch_tokens} tokens/batch, {args.dataset}, {args.steps} steps (shuffled)")
-    print("| strategy | efficiency | tokens/s | vs fixed | steps | planner s/step |")
+          f"{args.batch_tokens} tokens/batch, {args.dataset} (shuffled), {window.describe()}")
+    print("| strategy | efficiency | tokens/s | vs fixed | planner p50 (s) | held after window |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-        print(f"| {r['strategy']} | {r['efficiency']:.3f} | {r['tokens_per_s']:,.0f} | {ratio} | "
-              f"{r['steps']} | {r['planner_s_per_step']:.2f} |")
+        if not r.ran:
+            print(f"| {r.strategy} | failed: {'; '.join(r.errors)[:80]} | | | | |")
+            continue
+        ratio = f"{r.speedup_vs_fixed:.2f}x" if r.speedup_vs_fixed else "-"
+        print(f"| {r.strategy} | {r.efficiency:.3f} | {r.tokens_per_s:,.0f} | {ratio} | "
+              f"{r.planner_time_p50_s:.2f} | {r.held_after_window_tokens:,} |")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from slimpack.compare import compare
+from slimpack.compare import Window, compare
+from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import bundled_datasets, load_dataset
 from slimpack.strategies import STRATEGIES
@@ -42,17 +43,17 @@ def layout(model: str, context: int, size: str) -> tuple[ParallelConfig, str]:
     return ParallelConfig(tp=tp, pp=pp, cp=cp, dp=dp), "full" if big else "selective"
 
 
-def run_cell(dataset: str, model: str, context: int, size: str, steps: int) -> dict:
+def run_cell(dataset: str, model: str, context: int, size: str, window: Window) -> dict:
     parallel, recompute = layout(model, context, size)
     batch = TOKENS_PER_GPU * parallel.num_devices
     config = build_config(model=model, gpu="h100-sxm", parallel=parallel,
                           train=TrainConfig(max_context=context, global_batch_tokens=max(batch, context),
                                             recompute=recompute))
     began = time.perf_counter()
-    rows = compare(config, load_dataset(dataset), list(STRATEGIES), steps).table()
+    rows = [row.to_dict() for row in compare(config, load_dataset(dataset), list(STRATEGIES), window).table()]
     return {"dataset": dataset, "model": model, "context": context, "size": size,
             "layout": f"tp{parallel.tp} pp{parallel.pp} cp{parallel.cp} dp{parallel.dp} = {parallel.num_devices} GPUs",
-            "batch_tokens": config.train.global_batch_tokens, "recompute": recompute,
+            "batch_tokens": config.train.global_batch_tokens, "recompute": recompute, "window": window.to_dict(),
             "seconds": time.perf_counter() - began, "rows": rows}
 
 
@@ -95,7 +96,8 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--contexts", default=",".join(CONTEXTS))
     parser.add_argument("--sizes", default=",".join(SIZES))
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_STEPS, help="unmeasured steps first")
+    parser.add_argument("--steps", type=int, default=DEFAULT_WINDOW_STEPS, help="measured window")
     parser.add_argument("--out", default="docs/RESULTS.md")
     parser.add_argument("--json", default="docs/results.json")
     parser.add_argument("--from-json", action="store_true",
@@ -103,13 +105,14 @@ def main() -> int:
     args = parser.parse_args()
     if args.from_json:
         cells = json.loads(Path(args.json).read_text())
-        write(cells, args, "benchmarks/matrix.py --steps 2")
+        write(cells, args, f"benchmarks/matrix.py --warmup {args.warmup} --steps {args.steps}")
         return 0
     cells = []
     grid = [(d, m, c, s) for d in args.datasets.split(",") for m in args.models.split(",")
             for c in args.contexts.split(",") for s in args.sizes.split(",")]
     for k, (dataset, model, context, size) in enumerate(grid, 1):
-        cell = run_cell(dataset, model, CONTEXTS[context], size, args.steps)
+        cell = run_cell(dataset, model, CONTEXTS[context], size,
+                        Window(warmup_steps=args.warmup, steps=args.steps))
         cells.append(cell)
         print(f"[{k}/{len(grid)}] {summary_row(cell)} ({cell['seconds']:.0f} s)", flush=True)
         write(cells, args, " ".join(sys.argv))
@@ -150,8 +153,9 @@ def write(cells: list[dict], args: argparse.Namespace, command: str) -> None:
         "# Benchmark matrix: every strategy side by side\n\n"
         "Simulated with slimpack's DAG simulator and its default (uncalibrated) H100 cost model: the numbers "
         "compare plans, they are not measurements of a real cluster. Each cell plans and simulates the same "
-        f"{args.steps} consecutive global batches with every strategy in one run (deferring strategies get extra "
-        "empty steps to drain what they hold). `vs fixed` = tokens/s over Megatron-style fixed-length packing; "
+        f"consecutive global batches with every strategy in one run: {args.warmup} warm-up steps, then a "
+        f"measured window of {args.steps} steps; work a strategy defers is carried across the window, and its "
+        "drain after the window is not in the figures. `vs fixed` = tokens/s over Megatron-style fixed-length packing; "
         "efficiency = the plan's compute spread evenly over all GPUs / simulated step time. Note that "
         "`fixed` and `slimpipe` (which packs like `fixed`) cut documents at sequence boundaries, so the "
         "pieces do not attend to each other: they compute less attention than the other strategies for "

@@ -42,7 +42,7 @@ def run_mode(corpus: TextCorpus, config, strategy: str, steps: int, ahead: bool 
         step_began = time.perf_counter()
         runtime.step(item.plan, tokens)
         end = time.perf_counter()
-        out.append((end - began, end - step_began, item.plan_time_s))
+        out.append((end - began, end - step_began, item.planner_time_s))
     loader.close()
     return out
 

@@ -15,14 +15,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from slimpack.compare.run import step_batches
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
 from slimpack.sim import simulate
-from slimpack.strategies import make_planner
+from slimpack.strategies.stream import PlanStream
 
 
 def main() -> int:
@@ -49,21 +47,21 @@ def main() -> int:
     for dp in (g // 32 for g in gpus):
         config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, dp=dp),
                               train=TrainConfig(max_context=131072, global_batch_tokens=65536 * 32 * dp))
-        batches = step_batches(dataset, config, args.steps)
         for milp in (m == "on" for m in args.milp.split(",")):
             variant = dataclasses.replace(config, planner=dataclasses.replace(config.planner, use_milp=milp))
-            planner = make_planner("slimpack", variant)
-            times, steps = [], []
-            for step, batch in enumerate(batches):
-                began = time.perf_counter()
-                plan = planner.plan(batch, step=step)
-                times.append(time.perf_counter() - began)
+            stream = PlanStream(dataset, variant, "slimpack")
+            times, steps, samples = [], [], []
+            for step in range(args.steps):
+                planned = next(stream)
+                plan = planned.plan
+                times.append(planned.planner_time_s)
                 print(f"  {32 * dp} GPUs, MILP {'on' if milp else 'off'}, step {step}: {times[-1]:.2f} s "
                       f"({plan.info.get('search', plan.info.get('slimpack', {}).get('search'))} search)", flush=True)
                 steps.append(simulate(plan).step_time_s)
+                samples.append(len(plan.samples))
             times.sort()
             p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
-            lines.append(f"| {32 * dp} | {statistics.mean(len(b) for b in batches):,.0f} | {'on' if milp else 'off'} | "
+            lines.append(f"| {32 * dp} | {statistics.mean(samples):,.0f} | {'on' if milp else 'off'} | "
                          f"{statistics.median(times):.2f} | {p99:.2f} | {statistics.mean(steps):.2f} | "
                          f"{statistics.median(times) / statistics.mean(steps):.1%} |")
             print(lines[-1], flush=True)

@@ -25,13 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from slimpack.compare.run import run_strategy, step_batches
+from slimpack.compare.run import Window, run_strategy
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.data import bundled_datasets, load_dataset
 from slimpack.errors import UserError
 from slimpack.sim import SimResult
 from slimpack.strategies import STRATEGIES
+from slimpack.strategies.stream import stream_batches
 
 MODELS = ("llama2-7b", "llama2-70b", "llama3-8b", "qwen2.5-7b")
 CONTEXTS = (8192, 16384, 32768, 65536, 131072, 262144)
@@ -101,13 +102,14 @@ def lower_bound_s(result: SimResult) -> float:
     return bound
 
 
-def run_strategy_in_cell(name: str, config, batches) -> dict:
-    """One strategy's record in a cell (SlimPack's with its step, lower bound and winning candidate)."""
-    run = run_strategy(name, config, batches)
-    metrics = run.metrics()
-    record = {"tokens_per_s": metrics["tokens_per_s"], "oom": bool(metrics["oom_steps"]),
-              "failed": bool(metrics["failed_steps"]), "errors": metrics["errors"],
-              "planner_s": metrics["planner_time_p50_s"]}
+def run_strategy_in_cell(name: str, config, dataset) -> dict:
+    """One strategy's record in a cell (SlimPack's with its step, lower bound and winning candidate).
+    The cell is one step; a deferring strategy's drain is counted, so every strategy trains the same tokens."""
+    run = run_strategy(name, config, dataset, Window(warmup_steps=0, steps=1))
+    row = run.metrics()
+    record = {"tokens_per_s": row.tokens_per_s_with_drain, "oom": bool(row.oom_steps),
+              "failed": bool(row.failed_steps), "errors": list(row.errors),
+              "planner_s": row.planner_time_p50_s}
     first = run.steps[0].result
     if name == "slimpack" and first is not None:
         record["step_s"] = first.step_time_s
@@ -119,12 +121,12 @@ def run_strategy_in_cell(name: str, config, batches) -> dict:
 
 def run_cell(cell: dict) -> dict:
     config = cell_config(cell)
-    batches = step_batches(load_dataset(cell["dataset"]), config, 1)
+    dataset = load_dataset(cell["dataset"])
     out = dict(cell, gpus=config.parallel.num_devices, batch_tokens=config.train.global_batch_tokens,
-               samples=len(batches[0]), strategies={})
+               samples=len(stream_batches(dataset, config, 1)[0]), strategies={})
     began = time.perf_counter()
     for name in STRATEGIES:
-        out["strategies"][name] = run_strategy_in_cell(name, config, batches)
+        out["strategies"][name] = run_strategy_in_cell(name, config, dataset)
     out["seconds"] = time.perf_counter() - began
     return out
 
@@ -132,8 +134,7 @@ def run_cell(cell: dict) -> dict:
 def rerun_slimpack(cell: dict) -> dict:
     """The cell with SlimPack planned again by this checkout (the baselines' records kept)."""
     config = cell_config(cell)
-    batches = step_batches(load_dataset(cell["dataset"]), config, 1)
-    cell["strategies"]["slimpack"] = run_strategy_in_cell("slimpack", config, batches)
+    cell["strategies"]["slimpack"] = run_strategy_in_cell("slimpack", config, load_dataset(cell["dataset"]))
     cell["slimpack_rerun"] = True
     return cell
 

@@ -12,11 +12,11 @@ import argparse
 import dataclasses
 import time
 
-from slimpack.compare import compare
-from slimpack.compare.run import step_batches
+from slimpack.compare import Window, compare
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost.stages import balanced_stage_layers
 from slimpack.data import load_dataset
+from slimpack.strategies.stream import stream_batches
 
 CONTEXTS = {"64K": 65536, "128K": 131072, "256K": 262144}
 
@@ -26,15 +26,15 @@ def run_cell(dataset: str, context: int, steps: int, strategy: str, tp: int, pp:
                           train=TrainConfig(max_context=context, global_batch_tokens=4 * 2**20,
                                             recompute=recompute))
     data = load_dataset(dataset)
-    lengths = [s.length for s in step_batches(data, config, 1)[0]]
+    lengths = [s.length for s in stream_batches(data, config, 1)[0]]
     split = balanced_stage_layers(config, lengths)
     uneven = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, stage_layers=split))
     rows = []
     for name, cfg in (("even", config), ("/".join(map(str, split)), uneven)):
         began = time.perf_counter()
-        (row,) = compare(cfg, data, [strategy], steps).table()
-        rows.append(f"| {dataset} | {context // 1024}K | {name} | {row['tokens_per_s']:,.0f} | "
-                    f"{row['efficiency']:.3f} | {row['peak_memory_bytes'] / 2**30:.1f} GiB | "
+        (row,) = compare(cfg, data, [strategy], Window(warmup_steps=0, steps=steps)).table()
+        rows.append(f"| {dataset} | {context // 1024}K | {name} | {row.tokens_per_s:,.0f} | "
+                    f"{row.efficiency:.3f} | {row.peak_memory_bytes / 2**30:.1f} GiB | "
                     f"{time.perf_counter() - began:.0f} s |")
         print(rows[-1], flush=True)
     return rows

@@ -13,7 +13,7 @@ from pathlib import Path
 import slimpack
 
 LAYERS = (
-    ("errors", "files"),
+    ("errors", "files", "units"),
     ("config",),
     ("cost",),
     ("data",),

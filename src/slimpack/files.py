@@ -11,15 +11,21 @@ from typing import Any
 from slimpack.errors import UserError
 
 
-def read_data_file(path: str | Path, what: str) -> Any:
-    """The parsed content of ``path`` (``what`` names it in errors, e.g. "config")."""
+def read_data_file(path: str | Path, what: str) -> dict[str, Any]:
+    """The parsed content of ``path``, a JSON (or TOML) object (``what`` names it in errors, e.g.
+    "config")."""
     path = Path(path)
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path} is not a {kind} text file (it is not UTF-8: binary?)") from None
     try:
-        return tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        kind = "TOML" if path.suffix == ".toml" else "JSON"
         raise UserError(f"{what} {path} is not valid {kind}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path}: expected a {kind} object ({{...}}), got a {type(data).__name__}")
+    return data

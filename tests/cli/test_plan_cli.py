@@ -106,7 +106,9 @@ def test_simulate_reports_oom(cli, tmp_path, small_plan, capsys):
     huge["config"]["cluster"]["reserved_memory_bytes"] = 2**30
     path = tmp_path / "oom.json"
     path.write_text(json.dumps(huge))
-    assert cli(["simulate", str(path)]) == 0
-    assert "OUT OF MEMORY" in capsys.readouterr().out
-    assert cli(["simulate", str(path), "--json"]) == 0
+    assert cli(["simulate", str(path)]) == 2  # the figures, then one error line for scripts
+    captured = capsys.readouterr()
+    assert "OOM" in captured.out
+    assert captured.err.startswith("slimpack simulate: error: out of memory: stage ") and captured.err.count("\n") == 1
+    assert cli(["simulate", str(path), "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["oom"] is True

@@ -10,8 +10,6 @@ from slimpack.cost.comm import ring_allreduce_time, ring_gather_time
 from slimpack.cost.memory import activation_bytes_per_token
 from slimpack.errors import UserError
 
-GIB = 2**30
-
 
 def _plain_cost(parallel=None, **train):
     # overhead 0, no size penalty, no elementwise term: times reduce to FLOPs / rate

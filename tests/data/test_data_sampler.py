@@ -185,3 +185,17 @@ def test_step_accepts_numpy_integers_only():
     assert sampler.batch_at(np.int64(1)) == sampler.batch_at(1)
     with pytest.raises(UserError, match="step must be a non-negative integer, got 1.5"):
         sampler.batch_at(1.5)  # type: ignore[arg-type]
+
+
+def test_a_restored_batch_start_needs_no_walk_and_gives_the_same_batches():
+    lengths = np.arange(1, 400) * 37 % 5000 + 1
+    config = SamplerConfig(global_batch_tokens=8192, max_context=4096, shuffle=True)
+    walked = GlobalBatchSampler(lengths, config)
+    expected = [walked.batch_at(step) for step in range(300, 303)]
+    restored = GlobalBatchSampler(lengths, config)
+    restored.set_start(300, walked.start(300))
+    assert [restored.batch_at(step) for step in range(300, 303)] == expected
+    assert sorted(restored._starts) == [0, 300, 301, 302, 303]  # nothing before step 300 was walked
+    assert restored.batch_at(5) == walked.batch_at(5)  # earlier steps still walk from the start
+    with pytest.raises(UserError, match="cannot start at stream position"):
+        restored.set_start(10, (0, 10**9))

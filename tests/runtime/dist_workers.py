@@ -93,11 +93,21 @@ def early_exit(rank: int, world_size: int, plan: Plan) -> dict:
     return {"error": None, "elapsed": time.monotonic() - began}
 
 
-def hanging_rank(rank: int, world_size: int, plan: Plan) -> dict:
-    """Rank 1 hangs (sleeps) instead of joining the step; rank 0 (timeout 5 s) must fail, naming it."""
+def hanging_rank(rank: int, world_size: int, plan: Plan, done_marker: str) -> dict:
+    """Rank 1 hangs instead of joining the step, until rank 0 writes ``done_marker``; rank 0 (timeout
+    5 s) must fail, naming it."""
     if rank == 1:
-        time.sleep(12)
+        give_up = time.monotonic() + 60
+        while not os.path.exists(done_marker) and time.monotonic() < give_up:
+            time.sleep(0.1)
         return {"error": None, "elapsed": 0.0}
+    try:
+        return _step_with_timeout(plan)
+    finally:
+        open(done_marker, "w").close()  # noqa: SIM115 - an empty marker file
+
+
+def _step_with_timeout(plan: Plan) -> dict:
     from slimpack.config import model_preset
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.mesh import Mesh

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers import config
 from slimpack.data import load_dataset
 from slimpack.plan import plan_to_dict
 from slimpack.runtime.loader import PlanningLoader
+from slimpack.strategies.wlb import WLBPlanner
 
 
 def _config():
@@ -44,3 +47,22 @@ def test_loader_turns_the_milp_off():
     loader = PlanningLoader(load_dataset("wikipedia"), _config(), "slimpack")
     assert loader.config.planner.use_milp is False
     loader.close()
+
+
+def test_resume_at_step_1000_of_wlb_restores_its_queues_without_replay(monkeypatch):
+    data = load_dataset("wlbllm")
+    walked = PlanningLoader(data, _config(), "wlb", ahead=False)
+    for _ in range(1000):
+        next(walked)
+    state = walked.state_dict()
+    assert state["step"] == 1000 and state["held"]  # wlb holds samples back at this point
+    expected = _take(walked, 3)
+    planned_steps = []
+    plan = WLBPlanner.plan
+    monkeypatch.setattr(WLBPlanner, "plan", lambda self, batch, *, step: planned_steps.append(step)
+                        or plan(self, batch, step=step))
+    resumed = PlanningLoader(data, _config(), "wlb", ahead=False)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # a checkpoint is plain JSON
+    assert _take(resumed, 3) == expected
+    assert planned_steps == [1000, 1001, 1002]  # restored, not replayed
+    resumed.close()

@@ -3,12 +3,11 @@ validate and simulate (llama2-7b, tp 8, pp 4, dp 2; batches of 8 contexts to kee
 
 import pytest
 
-from slimpack.compare.run import step_batches
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import bundled_datasets, load_dataset
 from slimpack.plan.check import check_plan
 from slimpack.sim import simulate
-from slimpack.strategies import make_planner
+from slimpack.strategies.stream import PlanStream
 
 BASELINES = ("fixed", "bfd", "kk", "wlb", "slimpipe", "bytescale")
 DATASETS = ("wikipedia", "textbooks", "wlbllm", "cpython", "pydocs")
@@ -24,9 +23,9 @@ def test_the_grid_covers_every_bundled_dataset():
 def test_plans_validate_and_simulate(name, dataset, context):
     config = build_config(model="llama2-7b", gpu="h100-sxm", parallel=ParallelConfig(tp=8, pp=4, dp=2),
                           train=TrainConfig(max_context=context, global_batch_tokens=8 * context))
-    planner = make_planner(name, config)
-    for step, batch in enumerate(step_batches(load_dataset(dataset), config, 2, shuffle=True)):
-        plan = planner.plan(batch, step=step)
+    stream = PlanStream(load_dataset(dataset), config, name, shuffle=True)
+    for _ in range(2):
+        plan = next(stream).plan
         check_plan(plan)
         result = simulate(plan, check=False)
         assert result.step_time_s > 0 and result.num_tokens > 0

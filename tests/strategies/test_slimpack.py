@@ -95,7 +95,7 @@ def test_backward_sequence_reverses_each_sample_in_place():
 def test_phase1_balances_cost_and_merges_outliers():
     costs = [10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
     bins = balance(costs, 2, [])
-    assert sorted(b.load for b in bins) == [27.5, 27.5] or abs(bins[0].load - bins[1].load) <= 1.0
+    assert abs(bins[0].load - bins[1].load) <= 1.0  # 55 in integer costs: 27 / 28 at best
     assert sorted(i for b in bins for i in b.items) == list(range(10))
     # one sample costing as much as the rest together: 2 replicas' shares at threshold 1.0, 4 at 0.5
     costs = [40.0] + [1.0] * 40

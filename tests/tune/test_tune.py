@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 
-from slimpack.compare.run import step_batches
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.data import load_dataset
 from slimpack.errors import UserError
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
+from slimpack.strategies.stream import stream_batches
 from slimpack.tune import tune
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import RECOMPUTE, layouts
@@ -44,7 +44,7 @@ def test_tp_must_divide_heads_and_kv_heads():
 
 @pytest.mark.parametrize("strategy", ["fixed", "kk", "slimpipe", "slimpack"])
 def test_floors_are_below_what_the_simulator_reports(strategy):
-    batches = step_batches(WIKIPEDIA, BASE, 1)
+    batches = stream_batches(WIKIPEDIA, BASE, 1)
     lengths = [[s.length for s in b] for b in batches]
     for parallel in (ParallelConfig(tp=2, pp=2, dp=1), ParallelConfig(pp=4, dp=2, cp=2), ParallelConfig(tp=4, cp=2)):
         config = build_config(model="llama2-7b", parallel=parallel, train=BASE.train)
@@ -58,7 +58,7 @@ def test_tune_finds_the_same_best_as_exhaustive_simulation():
     strategies = ["fixed", "kk", "wlb", "slimpack"]
     pruned = tune(BASE, WIKIPEDIA, 4, strategies)
     every = tune(BASE, WIKIPEDIA, 4, strategies, exhaustive=True)
-    tokens = sum(s.length for s in step_batches(WIKIPEDIA, BASE, 1)[0])
+    tokens = sum(s.length for s in stream_batches(WIKIPEDIA, BASE, 1)[0])
     for fast, full in zip(pruned.strategies, every.strategies, strict=True):
         assert fast.best.layout == full.best.layout
         assert fast.best.tokens_per_s == full.best.tokens_per_s

@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from slimpack.config import (
@@ -18,11 +22,13 @@ from slimpack.config import (
     load_config,
 )
 from slimpack.config.efficiency import EFFICIENCY_PRESETS, efficiency_preset
+from slimpack.errors import UserError
 from slimpack.plan import Plan
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1; accepts K/M suffixes (64K = 65536)."""
+def _count(text: str, minimum: int) -> int:
+    """An integer with an optional K/M/G suffix (64K = 65536), at least ``minimum``."""
+    wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     multipliers = {"k": 2**10, "m": 2**20, "g": 2**30}
     raw = text.strip().lower()
     scale = multipliers.get(raw[-1:], 1)
@@ -30,29 +36,64 @@ def positive_int(text: str) -> int:
     try:
         value = int(digits) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 65536 or 64K), got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {wanted} (e.g. 65536 or 64K), got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
     return value
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, *, training: bool = True) -> None:
-    """--config, --model, --gpu, --tp/--pp/--dp/--cp/--vpp and (with ``training``) context and batch."""
-    group = parser.add_argument_group("model, cluster and layout")
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1; accepts K/M/G suffixes (64K = 65536)."""
+    return _count(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0; accepts K/M/G suffixes (120K = 122880)."""
+    return _count(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (refuses nan, inf, 0 and negatives)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, training: bool = True) -> None:
+    """--config, --model, --gpu, --tp/--pp/--dp/--cp/--vpp and (with ``training``) context and batch.
+    Flags override ``--config``, which replaces ``default``; ``--help`` shows the default's values."""
+    parser.set_defaults(config_default=default)
+    par, train = default.parallel, default.train
+    group = parser.add_argument_group(
+        "model, cluster and layout",
+        f"default: {default.model.name} on {default.cluster.name}, tp {par.tp} pp {par.pp} dp {par.dp} cp {par.cp}"
+        + (f", max context {train.max_context}, {train.global_batch_tokens} tokens per batch, "
+           f"recompute {train.recompute}" if training else ""))
     group.add_argument("--config", metavar="FILE", help="JSON or TOML config file; flags given here override it")
-    group.add_argument("--model", metavar="M", help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging "
-                       "Face config.json (file or checkpoint directory); default llama2-7b")
-    group.add_argument("--gpu", metavar="G", help=f"GPU/cluster preset ({', '.join(CLUSTER_PRESETS)}); default h100-sxm")
+    group.add_argument("--model", metavar="M",
+                       help=f"model preset ({', '.join(MODEL_PRESETS)}) or a Hugging Face config.json (file or "
+                            f"checkpoint directory); default {default.model.name}")
+    group.add_argument("--gpu", metavar="G",
+                       help=f"GPU/cluster preset ({', '.join(CLUSTER_PRESETS)}); default {default.cluster.name}")
     for name, text in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data"), ("cp", "context")):
-        group.add_argument(f"--{name}", type=positive_int, metavar="N", help=f"{text}-parallel degree")
-    group.add_argument("--vpp", type=positive_int, metavar="N", help="virtual stages per pipeline stage (interleaved 1F1B)")
+        group.add_argument(f"--{name}", type=positive_int, metavar="N",
+                           help=f"{text}-parallel degree (default {getattr(par, name)})")
+    group.add_argument("--vpp", type=positive_int, metavar="N",
+                       help=f"virtual stages per pipeline stage, interleaved 1F1B (default {par.virtual_stages})")
     group.add_argument("--kernels", choices=sorted(EFFICIENCY_PRESETS),
                        help="attention-kernel family whose efficiency figures the cost model uses (default fa3)")
     if training:
-        group.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 64K)")
-        group.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
-        group.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
-        group.add_argument("--seed", type=int, help="seed for batch sampling")
+        group.add_argument("--max-context", type=positive_int, metavar="N",
+                           help=f"longest sample in tokens, e.g. 64K (default {train.max_context})")
+        group.add_argument("--global-batch-tokens", type=positive_int, metavar="N",
+                           help=f"tokens per global batch, e.g. 4M (default {train.global_batch_tokens})")
+        group.add_argument("--recompute", choices=("none", "selective", "full"),
+                           help=f"activation recomputation (default {train.recompute})")
+        group.add_argument("--seed", type=int, help=f"seed for batch sampling (default {train.seed})")
 
 
 PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
@@ -69,16 +110,13 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, field, text in PLANNER_SWITCHES:
         group.add_argument(f"--no-{flag}", dest=field, action="store_false", default=None,
                            help=f"do not {text}")
-    group.add_argument("--milp-time-limit", type=float, metavar="SECONDS", dest="milp_time_limit_s",
+    group.add_argument("--milp-time-limit", type=positive_float, metavar="SECONDS", dest="milp_time_limit_s",
                        help="wall-clock limit of the MILP refinement per plan")
 
 
-def config_from_args(args: argparse.Namespace, *, default: Config | None = None) -> Config:
-    """Start from --config (or ``default``, or presets) and apply the flags that were given."""
-    if getattr(args, "config", None):
-        base = load_config(args.config)
-    else:
-        base = default or build_config()
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Start from --config (or the command's default) and apply the flags that were given."""
+    base = load_config(args.config) if args.config else args.config_default
     model = args.model or base.model
     gpu = args.gpu or base.cluster
     parallel = _override(base.parallel, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp,
@@ -99,6 +137,23 @@ def _override(value: Any, **changes: Any) -> Any:
     return dataclasses.replace(value, **given) if given else value
 
 
+def check_output(path: str, flag: str, *, directory: bool = False) -> None:
+    """Refuse an output path that cannot be written, before the work starts (creates nothing)."""
+    target = Path(path)
+    if target.exists() and target.is_dir() != directory:
+        raise UserError(f"{flag} {path}: {'not a directory' if directory else 'is a directory'}")
+    probe = target if target.is_dir() else target.parent
+    while not probe.exists():  # the folders that will be made: probe the first one that exists
+        probe = probe.parent
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot write there ({exc.strerror})") from None
+    if target.is_file() and not os.access(target, os.W_OK):
+        raise UserError(f"{flag} {path}: the file is read-only")
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -107,8 +162,8 @@ def print_json(data: Any) -> None:
 def plan_summary(plan: Plan) -> str:
     """One line: what the plan runs and on what."""
     par = plan.config.parallel
-    deferred = set(plan.deferred)
-    scheduled = [s for s in plan.samples if s.id not in deferred]
+    deferred = plan.deferred
+    scheduled = plan.trained_samples
     forward = sum(len(p.forward) for p in plan.pipelines)
     backward = sum(len(p.backward) for p in plan.pipelines)
     late = f" ({len(deferred)} deferred)" if deferred else ""
@@ -118,4 +173,5 @@ def plan_summary(plan: Plan) -> str:
             f"{sum(s.length for s in scheduled)} tokens")
 
 
-__all__ = ["add_config_arguments", "config_from_args", "plan_summary", "positive_int", "print_json"]
+__all__ = ["add_config_arguments", "check_output", "config_from_args", "non_negative_int", "plan_summary",
+           "positive_float", "positive_int", "print_json"]

@@ -15,64 +15,72 @@ from rich.table import Table
 from slimpack.cli.common import (
     add_config_arguments,
     add_planner_arguments,
+    check_output,
     config_from_args,
+    non_negative_int,
     positive_int,
 )
-from slimpack.compare import compare
-from slimpack.compare.run import check_strategies
-from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.compare import Window, compare
+from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
+from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, check_strategies
+from slimpack.config import Config
+from slimpack.config.defaults import PLANNING_CONFIG
 from slimpack.cost import CostModel
 from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
+from slimpack.units import MIB
 
 HELP = "plan and simulate consecutive steps with several strategies and compare them side by side"
-
-# Bundled defaults: a long-tailed real dataset and a layout that fits llama2-7b at 128K context in
-# an H100's memory for every strategy (tp 8 x pp 4 x dp 2 = 64 GPUs, as WLB-LLM's 7B runs).
 DEFAULT_DATASET = "wikipedia"
-DEFAULT_CONFIG = build_config(model="llama2-7b", gpu="h100-sxm", parallel=ParallelConfig(tp=8, pp=4, dp=2),
-                              train=TrainConfig(max_context=131072, global_batch_tokens=4 * 2**20))
-DEFAULT_STEPS = 4
-GIB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default=DEFAULT_DATASET, metavar="D",
                         help=f"bundled dataset name or a length file (default {DEFAULT_DATASET})")
-    parser.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS, metavar="S",
-                        help=f"consecutive steps to plan and simulate (default {DEFAULT_STEPS})")
+    parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",
+                        help=f"unmeasured steps first, which fill deferring strategies' queues "
+                             f"(default {DEFAULT_WARMUP_STEPS})")
+    parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
+                        help=f"measured window: consecutive steps after the warm-up; work deferred past it "
+                             f"is drained and reported apart (default {DEFAULT_WINDOW_STEPS})")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
                         help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
     parser.add_argument("--shuffle", action="store_true", help="visit documents in a seeded random order")
     parser.add_argument("--json", metavar="FILE", help="write the per-strategy figures as JSON ('-' for stdout)")
     parser.add_argument("--report", metavar="DIR", help="write report.md, report.html and charts into DIR")
-    add_config_arguments(parser)
+    add_config_arguments(parser, default=PLANNING_CONFIG)
     add_planner_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     check_strategies(strategies)
-    config = config_from_args(args, default=DEFAULT_CONFIG)
+    if args.json and args.json != "-":
+        check_output(args.json, "--json")
+    if args.report:
+        check_output(args.report, "--report", directory=True)
+    config = config_from_args(args)
     CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
     dataset = load_dataset(args.dataset)
+    window = Window(warmup_steps=args.warmup, steps=args.steps)
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:
         console = Console(stderr=args.json == "-", width=170)  # logs and CI: do not squeeze the table
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("planning and simulating", total=len(strategies) * args.steps)
-        comparison = compare(config, dataset, strategies, args.steps, shuffle=args.shuffle,
+        task = progress.add_task("planning and simulating", total=len(strategies) * window.end_step)
+        comparison = compare(config, dataset, strategies, window, shuffle=args.shuffle,
                              on_step=lambda: progress.advance(task))
     rows = comparison.table()
-    console.print(_table(rows, config, dataset.name, args.steps))
+    console.print(_table(rows, config, dataset.name, window))
+    for note in drain_notes(rows):
+        console.print(note)
     for row in rows:
-        if row["failed_steps"]:
-            console.print(f"[red]{row['strategy']} failed on step(s) {row['failed_steps']}: "
-                          f"{'; '.join(row['errors'])}")
+        if row.failed_steps:
+            console.print(f"[red]{row.strategy} failed on step(s) {list(row.failed_steps)}: {'; '.join(row.errors)}")
     if args.json:
-        text = json.dumps({"dataset": dataset.name, "config": config.to_dict(), "steps": args.steps,
-                           "strategies": rows}, indent=2)
+        text = json.dumps({"dataset": dataset.name, "config": config.to_dict(), "window": window.to_dict(),
+                           "strategies": [row.to_dict() for row in rows]}, indent=2)
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:
@@ -87,37 +95,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _tokens(count: int) -> str:
     """4194304 -> '4M', 262144 -> '256K'."""
-    for unit, scale in (("M", 2**20), ("K", 2**10)):
+    for unit, scale in (("M", MIB), ("K", 2**10)):
         if count >= scale and count % (scale // 4) == 0:
             return f"{count / scale:g}{unit}"
     return f"{count:,}"
 
 
-def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
-    return "—" if value is None else format(value * scale, spec)
-
-
-def _table(rows: list[dict], config, dataset: str, steps: int) -> Table:
+def _table(rows: list[StrategyRow], config: Config, dataset: str, window: Window) -> Table:
     par = config.parallel
     table = Table(title=f"{dataset}: {config.model.name} on {par.num_devices}x {config.cluster.name} "
                         f"(tp {par.tp}, pp {par.pp}, dp {par.dp}, cp {par.cp}), {config.train.max_context // 1024}K context, "
-                        f"{_tokens(config.train.global_batch_tokens)}-token batches, {steps} steps")
-    for name, justify in (("strategy", "left"), ("tokens/s", "right"), ("step mean", "right"),
-                          ("step p95", "right"), ("vs fixed", "right"), ("efficiency", "right"),
-                          ("bubble", "right"), ("peak mem / cap", "right"), ("OOM steps", "right"),
-                          ("plan p50", "right"), ("delay/token", "right")):
-        table.add_column(name, justify=justify)
-    best = max((r["tokens_per_s"] for r in rows), default=0)
+                        f"{_tokens(config.train.global_batch_tokens)}-token batches; {window.describe()}")
+    for header, _ in COLUMNS:
+        table.add_column(header, justify="left" if header == "strategy" else "right")
+    best = max((r.tokens_per_s for r in rows), default=0)
     for r in rows:
-        if r["efficiency"] is None:
-            table.add_row(r["strategy"], "failed", *[""] * 9, style="red")
-            continue
-        style = "bold green" if r["tokens_per_s"] == best and best > 0 else ""
-        table.add_row(
-            r["strategy"], f"{r['tokens_per_s']:,.0f}", _fmt(r["step_time_mean_s"], ".2f") + " s",
-            _fmt(r["step_time_p95_s"], ".2f") + " s", _fmt(r["speedup_vs_fixed"], ".2f") + "x",
-            _fmt(r["efficiency"], ".3f"), _fmt(r["bubble_fraction"], ".1f", 100) + "%",
-            f"{r['peak_memory_bytes'] / GIB:.1f} / {(r['memory_capacity_bytes'] or 0) / GIB:.1f} GiB",
-            str(len(r["oom_steps"])), _fmt(r["planner_time_p50_s"], ".2f") + " s",
-            f"{r['mean_delay_steps_per_token']:.2f}", style=style)
+        style = "red" if not r.ran else ("bold green" if r.tokens_per_s == best and best > 0 else "")
+        table.add_row(*cells(r), style=style)
     return table

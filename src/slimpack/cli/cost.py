@@ -8,20 +8,27 @@ import dataclasses
 from rich.console import Console
 from rich.table import Table
 
-from slimpack.cli.common import add_config_arguments, config_from_args, positive_int, print_json
+from slimpack.cli.common import (
+    add_config_arguments,
+    config_from_args,
+    non_negative_int,
+    positive_int,
+    print_json,
+)
+from slimpack.config.defaults import PLANNING_CONFIG
 from slimpack.cost import CostModel
 from slimpack.cost.flops import layer_backward_flops, layer_forward_flops
-from slimpack.errors import UserError
+from slimpack.units import GIB, MIB
 
 HELP = "cost of a slice (tokens after a prefix of its sample): FLOPs, time, activation memory"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=positive_int, required=True, metavar="C", help="tokens in the slice")
-    parser.add_argument("--prefix", type=int, default=0, metavar="P",
-                        help="tokens of the same sample before the slice (default 0)")
+    parser.add_argument("--prefix", type=non_negative_int, default=0, metavar="P",
+                        help="tokens of the same sample before the slice, e.g. 120K (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_config_arguments(parser, training=False)
+    add_config_arguments(parser, default=PLANNING_CONFIG, training=False)
     parser.add_argument("--recompute", choices=("none", "selective", "full"), help="activation recomputation")
 
 
@@ -44,8 +51,6 @@ def cost_report(cost: CostModel, tokens: int, prefix: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prefix < 0:
-        raise UserError(f"--prefix must be >= 0, got {args.prefix}")
     config = config_from_args(args)
     if args.recompute:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, recompute=args.recompute))
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if fmt == "ms":
             cells = (f"{a * 1e3:.3f} ms", f"{b * 1e3:.2f} ms")
         elif fmt == "GiB":
-            cells = (f"{a / 2**20:.1f} MiB", f"{b / 2**30:.2f} GiB")
+            cells = (f"{a / MIB:.1f} MiB", f"{b / GIB:.2f} GiB")
         else:
             cells = (fmt.format(a), fmt.format(b))
         table.add_row(label, *cells)

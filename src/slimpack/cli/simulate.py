@@ -15,14 +15,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from slimpack.cli.common import plan_summary, positive_int, print_json
+from slimpack.cli.common import check_output, plan_summary, positive_int, print_json
 from slimpack.errors import UserError
 from slimpack.plan import Plan, load_plan
 from slimpack.sim import SimResult, save_chrome_trace, simulate
+from slimpack.units import GIB
 
 HELP = "simulate one step of a plan file: step time, efficiency, memory; trace and plots on request"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-GIB = 2**30
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,12 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipelines drawn in the Gantt chart (default 8)")
 
 
-def _check_plot_paths(args: argparse.Namespace) -> None:
-    """Refuse a bad plot file name before spending time on the simulation."""
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse a bad output file before spending time on the simulation."""
     for flag in ("gantt", "memory"):
         path = getattr(args, flag)
         if path and Path(path).suffix.lower() not in PLOT_SUFFIXES:
             raise UserError(f"--{flag} {path}: the file name must end in {', '.join(PLOT_SUFFIXES)}")
+    for flag in ("trace", "gantt", "memory"):
+        if getattr(args, flag):
+            check_output(getattr(args, flag), f"--{flag}")
 
 
 def write_outputs(result: SimResult, args: argparse.Namespace) -> list[str]:
@@ -99,13 +102,10 @@ def print_report(plan: Plan, result: SimResult, console: Console) -> None:
     spread.add_row(*_spread_row("forward", [t for p in result.forward_group_times_s for t in p]))
     spread.add_row(*_spread_row("backward", [t for p in result.backward_group_times_s for t in p]))
     console.print(spread)
-    if result.oom:
-        console.print("[bold red]OUT OF MEMORY:[/bold red] the plan needs more than the usable memory on "
-                      "at least one stage")
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_plot_paths(args)
+    _check_output_paths(args)
     plan = load_plan(args.plan)
     result = simulate(plan)
     written = write_outputs(result, args)
@@ -116,4 +116,8 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         # keep stdout pure JSON under --json
         print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    if result.oom:  # the figures above are still worth reading; the exit code tells scripts
+        worst = max(range(len(result.peak_memory_bytes)), key=lambda s: result.peak_memory_bytes[s])
+        raise UserError(f"out of memory: stage {worst} needs {result.peak_memory_bytes[worst] / GIB:.1f} GiB, above "
+                        f"the usable {result.memory_capacity_bytes / GIB:.1f} GiB")
     return 0

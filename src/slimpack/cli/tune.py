@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from slimpack.cli.common import add_planner_arguments, config_from_args, positive_int
-from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, save_config
+from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, build_config, save_config
 from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
 from slimpack.tune import tune
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the winning config, for --config of plan/compare/train (default tune-config.json)")
     add_planner_arguments(parser)
     # the layout and recomputation are what tune searches: config_from_args leaves the base's
-    parser.set_defaults(tp=None, pp=None, dp=None, cp=None, vpp=None, recompute=None)
+    parser.set_defaults(tp=None, pp=None, dp=None, cp=None, vpp=None, recompute=None, config_default=build_config())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from slimpack.cli.common import positive_int
+from slimpack.cli.common import positive_float, positive_int
 from slimpack.errors import UserError
 
 if TYPE_CHECKING:
+    import torch
+
+    from slimpack.config import ModelConfig
     from slimpack.plan import Plan
     from slimpack.runtime.verify import VerifyResult
 
@@ -29,47 +32,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", metavar="M",
                         help="model preset for the numerics (default tiny); the plan's sample lengths are kept")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the random tokens")
-    parser.add_argument("--tolerance", type=float, metavar="X",
+    parser.add_argument("--tolerance", type=positive_float, metavar="X",
                         help="largest relative error accepted (default 1e-10 for float64, 1e-5 for float32)")
-    parser.add_argument("--backend", choices=("auto", "math", "flash", "torch"), default="auto",
-                        help="attention backend (default auto)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--backend", choices=("auto", "math", "cpu", "flash", "torch"), default="auto",
+                        help="attention backend (default auto: the fastest usable on the device)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda[:N] (default cpu)")
     parser.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, metavar="N",
                         help="refuse plans with more tokens than this on a CPU unless --force (default 64K)")
-    parser.add_argument("--force", action="store_true", help="verify however many tokens the plan has")
+    parser.add_argument("--force", action="store_true",
+                        help="verify however many tokens the plan has, whatever the model's size")
     parser.add_argument("--ignore-order", action="store_true",
                         help="run all forwards then all backwards even where the plan gives a per-stage order")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         raise UserError("slimpack verify needs PyTorch: install slimpack[torch]") from None
-    from slimpack.plan import load_plan
-    from slimpack.runtime.verify import DEFAULT_TOLERANCE, numerics_model, plan_lengths, verify_plan
+    from slimpack.runtime.verify import verify_plan
 
-    plan = load_plan(args.plan)
-    dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE[dtype]
-    try:
-        lengths = plan_lengths(plan)
-    except ValueError as exc:
-        raise UserError(f"{args.plan}: {exc}") from None
-    total = sum(lengths.values())
-    if torch.device(args.device).type == "cpu" and total > args.max_tokens and not args.force:
-        raise UserError(f"{args.plan} runs {total} tokens in {len(lengths)} samples, more than {args.max_tokens} "
-                        f"is slow on a CPU (sample lengths are never scaled down); pass --force to run it anyway")
-    par = plan.config.parallel
-    model = numerics_model(args.model, par.pp * par.virtual_stages, par.stage_layers)
+    plan, model, dtype, device, tolerance = _checked_inputs(args)
     try:
         result = verify_plan(plan, model=model, dtype=dtype, seed=args.seed, backend=args.backend,
-                             device=args.device, use_order=not args.ignore_order)
+                             device=device, use_order=not args.ignore_order)
     except ValueError as exc:  # a ScheduleError too: the order cannot run
         print(f"slimpack verify: FAILED, the plan cannot be executed: {exc}")
         return 1
     _report(args, plan, result, tolerance)
     return 0 if result.passed(tolerance) else 1
+
+
+def _checked_inputs(args: argparse.Namespace) -> tuple[Plan, ModelConfig, torch.dtype, torch.device, float]:
+    """The plan, model, dtype, device and tolerance, or one clear error before any work."""
+    import torch
+
+    from slimpack.plan import load_plan
+    from slimpack.runtime.attention import resolve_backend
+    from slimpack.runtime.device import check_fits, usable_device
+    from slimpack.runtime.verify import DEFAULT_TOLERANCE, numerics_model, plan_lengths
+
+    device = usable_device(args.device)
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    try:
+        resolve_backend(args.backend, device, dtype)
+    except ValueError as exc:
+        raise UserError(f"--backend: {exc}") from None
+    plan = load_plan(args.plan)
+    try:
+        lengths = plan_lengths(plan)
+    except ValueError as exc:
+        raise UserError(f"{args.plan}: {exc}") from None
+    total = sum(lengths.values())
+    if device.type == "cpu" and total > args.max_tokens and not args.force:
+        raise UserError(f"{args.plan} runs {total} tokens in {len(lengths)} samples, more than {args.max_tokens} "
+                        f"is slow on a CPU (sample lengths are never scaled down); pass --force to run it anyway")
+    par = plan.config.parallel
+    model = numerics_model(args.model, par.pp * par.virtual_stages, par.stage_layers)
+    if not args.force:  # weights and two sets of gradients (packed run, reference run)
+        check_fits(3 * model.num_params() * dtype.itemsize, device, f"model {model.name} in {args.dtype}")
+    tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE[dtype]
+    return plan, model, dtype, device, tolerance
 
 
 def _report(args: argparse.Namespace, plan: Plan, result: VerifyResult, tolerance: float) -> None:

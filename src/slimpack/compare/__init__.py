@@ -1,5 +1,6 @@
 """``slimpack compare``: run strategies side by side over consecutive steps, tabulate, report. No torch."""
 
-from slimpack.compare.run import Comparison, StepRecord, StrategyRun, compare, step_batches
+from slimpack.compare.row import StrategyRow
+from slimpack.compare.run import Comparison, StepRecord, StrategyRun, Window, compare
 
-__all__ = ["Comparison", "StepRecord", "StrategyRun", "compare", "step_batches"]
+__all__ = ["Comparison", "StepRecord", "StrategyRow", "StrategyRun", "Window", "compare"]

@@ -11,20 +11,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from slimpack.compare.row import StrategyRow  # noqa: E402
 from slimpack.compare.run import StrategyRun  # noqa: E402
+from slimpack.units import GIB  # noqa: E402
 
-GIB = 2**30
 
-
-def throughput_chart(rows: Sequence[dict], path: Path) -> None:
-    names = [r["strategy"] for r in rows]
-    values = [r["tokens_per_s"] / 1e3 for r in rows]
+def throughput_chart(rows: Sequence[StrategyRow], path: Path) -> None:
+    names = [r.strategy for r in rows]
+    values = [r.tokens_per_s / 1e3 for r in rows]
     best = max(values, default=0)
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows) + 2), 3.6))
     bars = ax.bar(names, values, color=["#2a9d8f" if v == best else "#8d99ae" for v in values])
     for bar, row in zip(bars, rows, strict=True):
-        label = "failed" if not row["tokens_per_s"] else (
-            f"{row['speedup_vs_fixed']:.2f}x" if row["speedup_vs_fixed"] else "")
+        label = "failed" if not row.tokens_per_s else (
+            f"{row.speedup_vs_fixed:.2f}x" if row.speedup_vs_fixed else "")
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                     fontsize=9, xytext=(0, 2), textcoords="offset points")
     ax.set_ylabel("thousand tokens / s")

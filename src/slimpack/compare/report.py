@@ -6,17 +6,19 @@ import base64
 import html
 import platform
 import shlex
+import shutil
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from slimpack.compare.charts import group_time_chart, memory_chart, throughput_chart
+from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
 from slimpack.compare.run import Comparison
 from slimpack.compare.step_charts import gantt_chart, step_throughput_chart
 from slimpack.config import Config
 
-GIB = 2**30
 CHARTS = (
-    ("throughput.png", "Throughput", "Simulated tokens per second of each strategy over the same steps."),
+    ("throughput.png", "Throughput", "Simulated tokens per second of each strategy over the same measured window."),
     ("step_throughput.png", "Throughput step by step",
      "Simulated tokens per second of every step: is a lead steady, or won on a few steps?"),
     ("gantt.png", "One step, device by device",
@@ -40,29 +42,31 @@ def _versions() -> str:
     return f"Python {platform.python_version()}; " + ", ".join(found)
 
 
-def _markdown_table(rows: list[dict]) -> str:
-    head = ("| strategy | tokens/s | step mean (s) | step p95 (s) | vs fixed | efficiency | MFU | extra work | bubble | "
-            "peak mem (GiB) | OOM steps | planner p50 (s) | delay (steps/token) | failed steps |")
-    lines = [head, "|---|" + "---:|" * (head.count("|") - 2)]
-
-    def f(value: float | None, spec: str) -> str:
-        return "—" if value is None else format(value, spec)
-
-    for r in rows:
-        lines.append(
-            f"| {r['strategy']} | {r['tokens_per_s']:,.0f} | {f(r['step_time_mean_s'], '.3f')} | "
-            f"{f(r['step_time_p95_s'], '.3f')} | {f(r['speedup_vs_fixed'], '.2f')}x | {f(r['efficiency'], '.3f')} | "
-            f"{f(None if r['mfu'] is None else 100 * r['mfu'], '.1f')}% | "
-            f"+{f(None if r['extra_work_fraction'] is None else 100 * r['extra_work_fraction'], '.1f')}% | "
-            f"{f(None if r['bubble_fraction'] is None else 100 * r['bubble_fraction'], '.1f')}% | "
-            f"{r['peak_memory_bytes'] / GIB:.1f} / {(r['memory_capacity_bytes'] or 0) / GIB:.1f} | "
-            f"{len(r['oom_steps'])} | {f(r['planner_time_p50_s'], '.3f')} | "
-            f"{r['mean_delay_steps_per_token']:.2f} | {len(r['failed_steps'])} |")
+def _markdown_table(rows: list[StrategyRow]) -> str:
+    """The terminal table's columns and cells (``compare.row``), plus the failed-step count."""
+    headers = [header for header, _ in COLUMNS] + ["failed steps"]
+    lines = ["| " + " | ".join(headers) + " |", "|---|" + "---:|" * (len(headers) - 1)]
+    for row in rows:
+        lines.append("| " + " | ".join([*cells(row), str(len(row.failed_steps))]) + " |")
     return "\n".join(lines)
 
 
 def write_report(comparison: Comparison, directory: Path, *, command: list[str]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the report into ``directory``; interrupted or failed, it leaves nothing behind (the files
+    are written into a fresh folder beside it, renamed into place at the end)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        _write_files(comparison, staging, command=command)
+        directory.mkdir(exist_ok=True)
+        for file in staging.iterdir():
+            file.replace(directory / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory / "report.html"
+
+
+def _write_files(comparison: Comparison, directory: Path, *, command: list[str]) -> None:
     rows = comparison.table()
     throughput_chart(rows, directory / "throughput.png")
     step_throughput_chart(comparison.runs, directory / "step_throughput.png")
@@ -71,21 +75,25 @@ def write_report(comparison: Comparison, directory: Path, *, command: list[str])
     memory_chart(comparison.runs, directory / "memory.png")
     config = comparison.config
     par = config.parallel
-    winner = max(rows, key=lambda r: r["tokens_per_s"])
-    summary = (f"**{winner['strategy']}** is fastest: {winner['tokens_per_s']:,.0f} tokens/s"
-               + (f", {winner['speedup_vs_fixed']:.2f}x the fixed-length baseline" if winner["speedup_vs_fixed"] else "")
-               + (f", efficiency {winner['efficiency']:.3f}." if winner["efficiency"] is not None else "."))
+    winner = max(rows, key=lambda r: r.tokens_per_s)
+    summary = (f"**{winner.strategy}** is fastest: {winner.tokens_per_s:,.0f} tokens/s"
+               + (f", {winner.speedup_vs_fixed:.2f}x the fixed-length baseline" if winner.speedup_vs_fixed else "")
+               + (f", efficiency {winner.efficiency:.3f}." if winner.efficiency is not None else "."))
     setup = (f"{comparison.dataset} dataset; {config.model.name} on {par.num_devices} x {config.cluster.name} "
              f"(tp {par.tp}, pp {par.pp}, dp {par.dp}, cp {par.cp}, vpp {par.virtual_stages}); "
              f"{config.train.max_context} max context; {config.train.global_batch_tokens:,} tokens per batch; "
-             f"recompute {config.train.recompute}; {len(comparison.runs[0].steps)} steps.")
-    failures = [f"- {r['strategy']}: failed on step(s) {r['failed_steps']}: {'; '.join(r['errors'])}"
-                for r in rows if r["failed_steps"]]
+             f"recompute {config.train.recompute}; {comparison.window.describe()}.")
+    failures = [f"- {r.strategy}: failed on step(s) {list(r.failed_steps)}: {'; '.join(r.errors)}"
+                for r in rows if r.failed_steps]
     sections = [f"# slimpack comparison (simulated)\n\n{_basis(config)}\n\n{summary}\n\n{setup}\n",
                 _markdown_table(rows), _idle_table(rows)]
+    drains = drain_notes(rows)
+    if drains:
+        sections.append("Drain after the window:\n\n" + "\n".join(f"- {note}." for note in drains))
     if failures:
         sections.append("Failures:\n\n" + "\n".join(failures))
-    sections.append("Efficiency = ideal step time / simulated step time, where the ideal is the whole documents' "
+    sections.append("Figures are over the measured window only: warm-up and drain steps are excluded. "
+                    "Efficiency = ideal step time / simulated step time, where the ideal is the whole documents' "
                     "training work (unsliced, no overheads, at full kernel efficiency) spread evenly over all GPUs: "
                     "the same for every strategy on the same documents. Extra work = the plan's own modelled work "
                     "over that ideal (slicing, per-call costs, tensor/context-parallel communication, "
@@ -99,7 +107,6 @@ def write_report(comparison: Comparison, directory: Path, *, command: list[str])
     markdown = "\n\n".join(sections) + "\n"
     (directory / "report.md").write_text(markdown)
     (directory / "report.html").write_text(_html(markdown, directory))
-    return directory / "report.html"
 
 
 def _basis(config: Config) -> str:
@@ -114,7 +121,7 @@ def _basis(config: Config) -> str:
             f"with FlashAttention; recomputation {config.train.recompute}.")
 
 
-def _idle_table(rows: list[dict]) -> str:
+def _idle_table(rows: list[StrategyRow]) -> str:
     """Where each strategy's idle device time goes (``sim.idle``), over its steps."""
     lines = ["Idle device time, by cause (share of all device time): fill/drain = the bubble a balanced "
              "pipeline with as many groups would have; replica wait = waiting for the slowest data-parallel "
@@ -122,9 +129,9 @@ def _idle_table(rows: list[dict]) -> str:
              "imbalance = the rest (unequal work between stages).", "",
              "| strategy | fill/drain | replica wait | throttled | imbalance |", "|---|---:|---:|---:|---:|"]
     for row in rows:
-        idle = row.get("idle")
+        idle = row.idle
         if idle is not None:
-            lines.append(f"| {row['strategy']} | {100 * idle['fill_drain']:.1f}% | {100 * idle['replica_wait']:.1f}% | "
+            lines.append(f"| {row.strategy} | {100 * idle['fill_drain']:.1f}% | {100 * idle['replica_wait']:.1f}% | "
                          f"{100 * idle['throttled']:.1f}% | {100 * idle['imbalance']:.1f}% |")
     return "\n".join(lines)
 

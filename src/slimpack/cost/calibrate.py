@@ -145,6 +145,4 @@ def save_calibration(result: CalibrationResult, path: str | Path) -> None:
 
 def load_calibration(path: str | Path) -> EfficiencyConfig:
     data = read_data_file(path, "calibration")
-    if not isinstance(data, dict):
-        raise UserError(f"calibration {path}: expected a JSON object")
     return EfficiencyConfig.from_dict(data.get("efficiency", data), where=str(path))

@@ -179,7 +179,9 @@ def _read_npy(path: Path, column: str | None) -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise UserError(f"{path}: not a readable .npy file ({exc})") from None
+        # numpy's message for object arrays suggests allow_pickle, which would run code from the file
+        reason = "it holds Python objects; save the lengths as an integer array" if "pickle" in str(exc) else exc
+        raise UserError(f"{path}: not a readable .npy file ({reason})") from None
     return _check_array(array, path)
 
 

@@ -142,25 +142,23 @@ class GlobalBatchSampler:
         """Tokens skipped per epoch."""
         self.tokens_per_epoch = int(lengths.sum()) - self.num_dropped_tokens
         """Tokens the stream yields per epoch."""
+        self.samples_per_epoch = (int((~too_long).sum()) if config.drop_long
+                                  else int((-(-lengths // config.max_context)).sum()))
+        """Samples the stream yields per epoch (documents, or their chunks)."""
         if self.tokens_per_epoch == 0:
             raise UserError(f"dataset {dataset.name!r}: every document is longer than max_context "
                             f"({config.max_context}) and drop_long is set: nothing to sample")
-        self._ends: list[tuple[int, int]] = [(0, 0)]  # _ends[s] = stream position where batch s starts
+        self._starts: dict[int, tuple[int, int]] = {0: (0, 0)}
+        """Step -> stream position (epoch, index) where its batch starts, for the steps reached so far
+        (and any restored with ``set_start``)."""
         self._epochs: OrderedDict[int, _Epoch] = OrderedDict()
 
     # ------------------------------------------------------------ public
 
     def batch_at(self, step: int) -> Batch:
         """The batch of optimizer step ``step`` (>= 0); same dataset + config + step => same batch."""
-        try:
-            step = operator.index(step)  # accepts numpy integers; rejects floats and strings
-        except TypeError:
-            raise UserError(f"step must be a non-negative integer, got {step!r}") from None
-        if step < 0:
-            raise UserError(f"step must be a non-negative integer, got {step!r}")
-        while len(self._ends) <= step + 1:
-            self._ends.append(self._next_end(self._ends[-1]))
-        (e0, i0), (e1, i1) = self._ends[step], self._ends[step + 1]
+        step = _step_index(step)
+        (e0, i0), (e1, i1) = self.start(step), self.start(step + 1)
         samples: list[Sample] = []
         for epoch in range(e0, e1 + 1):
             stream = self._epoch(epoch)
@@ -176,6 +174,33 @@ class GlobalBatchSampler:
         return Batch(step=step, samples=tuple(samples), num_dropped_docs=docs,
                      num_dropped_tokens=tokens)
 
+    def samples_before(self, step: int) -> int:
+        """How many samples the stream yields in batches ``0 .. step - 1`` (every epoch yields the
+        same number, whatever its order): a run-wide id for a batch's first sample, found without
+        building the earlier batches."""
+        epoch, index = self.start(_step_index(step))
+        return epoch * self.samples_per_epoch + index
+
+    def start(self, step: int) -> tuple[int, int]:
+        """Stream position (epoch, index) where batch ``step`` starts: walked on from the nearest
+        earlier step whose start is known (each batch end is one binary search)."""
+        if step not in self._starts:
+            known = step - 1 if step - 1 in self._starts else max(k for k in self._starts if k < step)
+            position = self._starts[known]
+            for later in range(known + 1, step + 1):
+                position = self._next_end(position)
+                self._starts[later] = position
+        return self._starts[step]
+
+    def set_start(self, step: int, position: Sequence[int]) -> None:
+        """Restore where batch ``step`` starts (from ``start(step)`` of an earlier run on the same
+        data and config), so that reaching it needs no walk over the batches before it."""
+        epoch, index = (int(x) for x in position)
+        if step < 0 or epoch < 0 or not 0 <= index < self.samples_per_epoch:
+            raise UserError(f"step {step} cannot start at stream position {tuple(position)} "
+                            f"({self.samples_per_epoch} samples per epoch)")
+        self._starts[step] = (epoch, index)
+
     def batches(self, num_steps: int, *, start: int = 0) -> list[Batch]:
         """Batches of steps ``start .. start + num_steps - 1``."""
         return [self.batch_at(step) for step in range(start, start + num_steps)]
@@ -190,7 +215,7 @@ class GlobalBatchSampler:
     def dropped_through(self, step: int) -> tuple[int, int]:
         """(documents, tokens) skipped by ``drop_long`` in batches 0..step together."""
         self.batch_at(step)
-        return self._dropped_before(*self._ends[step + 1])
+        return self._dropped_before(*self.start(step + 1))
 
     # ------------------------------------------------------------ internals
 
@@ -259,6 +284,17 @@ class GlobalBatchSampler:
             dropped_tokens=np.concatenate([[0], np.cumsum(np.where(skipped, visited, 0))])
             if drop else empty,
         )
+
+
+def _step_index(step: object) -> int:
+    """``step`` as a non-negative int (numpy integers accepted; floats and strings refused)."""
+    try:
+        value = operator.index(step)  # type: ignore[call-overload]
+    except TypeError:
+        raise UserError(f"step must be a non-negative integer, got {step!r}") from None
+    if value < 0:
+        raise UserError(f"step must be a non-negative integer, got {step!r}")
+    return value
 
 
 def sample_batches(dataset: Dataset | str, config: SamplerConfig, num_steps: int, *,

@@ -81,7 +81,7 @@ def packed_batch(features: Sequence[dict[str, Any]]) -> dict[str, Any]:
 class PlanBatchSampler(Sampler[list[SampleKey]]):
     """One rank's micro-batches over a stream of plans: each item is a list of :data:`SampleKey`.
 
-    ``steps`` yields objects with ``plan`` and ``sources`` (``slimpack.runtime.loader.StepInput``:
+    ``steps`` yields objects with ``plan`` and ``sources`` (``slimpack.strategies.stream.PlannedStep``:
     plan sample id -> the sampler's sample, with its document index and chunk). Plans must be
     whole-sample, or are lowered to that form with ``lower=True``; every rank gets the same number
     of micro-batches per step (``micro_batches_per_step``).

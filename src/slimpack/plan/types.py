@@ -104,6 +104,12 @@ class Plan:
     def sample_lengths(self) -> dict[int, int]:
         return {s.id: s.length for s in self.samples}
 
+    @property
+    def trained_samples(self) -> tuple[Sample, ...]:
+        """The samples this step trains: all of ``samples`` but the deferred ones."""
+        deferred = set(self.deferred)
+        return tuple(s for s in self.samples if s.id not in deferred)
+
 
 def with_default_orders(pipelines: Sequence[PipelinePlan], config: Config) -> tuple[PipelinePlan, ...]:
     """``pipelines`` with each missing order replaced by the default schedule, whose memory cap comes

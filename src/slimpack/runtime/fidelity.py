@@ -6,18 +6,89 @@ timed steps (no optimizer step, so every repeat does the same work), then one mo
 measured time is the end of the last rank's optimizer span, from the step barrier; the figure is
 the fastest repeat. ``predicted_activation_peaks`` gives the simulator's per-stage peak of
 bytes kept for backward (what ``ActivationTracker`` counts: no model states, no working set).
+``fidelity_row`` does it all for one strategy: plan, simulate, spawn the ranks, compare.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from slimpack.config import Config
 from slimpack.cost import CostModel
+from slimpack.data import Dataset
+from slimpack.errors import UserError
 from slimpack.plan.types import Plan
+from slimpack.sim import simulate
 from slimpack.sim.result import SimResult
+from slimpack.strategies.stream import PlanStream
+
+DTYPES = {4: torch.float32, 8: torch.float64, 2: torch.bfloat16}
+"""Model dtype by ``ModelConfig.dtype_bytes``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FidelityRow:
+    """One plan, predicted by the simulator and measured on this machine."""
+
+    strategy: str
+    tokens: int
+    groups: int
+    predicted_step_s: float
+    """The simulator's step time, times ``speed_scale``."""
+    speed_scale: float
+    """Calibrated / current peak FLOP/s (1 unless re-measured for a machine whose speed drifts)."""
+    measured_step_s: float
+    predicted_activation_bytes: float
+    measured_activation_bytes: float
+
+    @property
+    def step_error(self) -> float:
+        return relative_error(self.predicted_step_s, self.measured_step_s)
+
+    @property
+    def memory_error(self) -> float:
+        return relative_error(self.predicted_activation_bytes, self.measured_activation_bytes)
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """Signed relative error of the prediction."""
+    return (predicted - measured) / measured if measured else 0.0
+
+
+def mape(errors: Sequence[float]) -> float:
+    """Mean absolute (percentage) error."""
+    return sum(abs(e) for e in errors) / len(errors)
+
+
+def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, repeats: int, threads: int,
+                 timeout_s: float, rescale: bool) -> FidelityRow:
+    """Plan ``step`` of ``dataset`` with ``strategy``, simulate it, run it on pp x dp spawned ranks."""
+    from slimpack.runtime.calibrate import peak_flops
+    from slimpack.runtime.launch import LaunchError, spawn
+
+    plan = next(PlanStream(dataset, config, strategy, start=step)).plan
+    cost = CostModel(plan.config)
+    sim = simulate(plan, cost)
+    scale = 1.0
+    if rescale:
+        torch.set_num_threads(threads)
+        scale = config.cluster.peak_flops / peak_flops(DTYPES[plan.config.model.dtype_bytes])
+    par = config.parallel
+    try:
+        per_rank = spawn(measure_rank, par.num_devices, (plan, repeats, threads), timeout_s=timeout_s,
+                         threads=threads)
+    except LaunchError as exc:
+        raise UserError(f"{strategy}: the real run failed: {exc}") from None
+    return FidelityRow(
+        strategy=strategy, tokens=sim.num_tokens, groups=sum(len(p.forward) for p in plan.pipelines),
+        predicted_step_s=sim.step_time_s * scale, speed_scale=scale, measured_step_s=measured_step_time(per_rank),
+        predicted_activation_bytes=max(predicted_activation_peaks(sim, cost, par.pp,
+                                                                  {i: p.cp for i, p in enumerate(plan.pipelines)})),
+        measured_activation_bytes=max(measured_activation_peaks(per_rank, par.pp)))
 
 
 def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: int) -> dict[str, Any]:
@@ -27,8 +98,7 @@ def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: 
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
     torch.set_num_threads(threads)
-    dtype = {4: torch.float32, 8: torch.float64, 2: torch.bfloat16}[plan.config.model.dtype_bytes]
-    model = build_model(plan.config.model, seed=0, dtype=dtype)
+    model = build_model(plan.config.model, seed=0, dtype=DTYPES[plan.config.model.dtype_bytes])
     runtime = RankRuntime(model, Mesh.from_parallel(plan.config.parallel),
                           virtual_stages=plan.config.parallel.virtual_stages,
                           stage_layers=plan.config.parallel.stage_layers)

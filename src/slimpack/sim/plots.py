@@ -19,8 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from slimpack.sim.result import DeviceMemory, SimResult
+from slimpack.units import GIB
 
-GIB = 2**30
 COLORS = {"F": "#4878CF", "B": "#E8853A", "sync": "#3A9E5C", "optim": "#8E5BB5"}
 IDLE_COLOR = "#E4E4E4"
 LEGEND = {"F": "forward", "B": "backward", "sync": "grad sync", "optim": "optimizer"}

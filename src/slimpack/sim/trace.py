@@ -16,9 +16,9 @@ from typing import Any
 
 from slimpack.plan.types import Action
 from slimpack.sim.result import SimResult, Span
+from slimpack.units import GIB
 
 US_PER_S = 1e6
-GIB = 2**30
 CATEGORY = {"F": "forward", "B": "backward", "sync": "grad sync", "optim": "optimizer"}
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -101,6 +102,21 @@ class WLBPlanner:
         self.outlier_lengths = tuple(sorted(outlier_lengths))
         self.queues: list[list[Sample]] = [[] for _ in self.outlier_lengths]
         self.carry: list[Sample] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The samples it holds (queues and left-overs) as ``[id, length, arrival_step]`` lists."""
+        def rows(samples: Sequence[Sample]) -> list[list[int]]:
+            return [[s.id, s.length, s.arrival_step] for s in samples]
+        return {"queues": [rows(queue) for queue in self.queues], "carry": rows(self.carry)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state["queues"]) != len(self.queues):
+            raise UserError(f"wlb state has {len(state['queues'])} queues; this config makes "
+                            f"{len(self.queues)} (outlier lengths {list(self.outlier_lengths)})")
+        def samples(rows: Sequence[Sequence[int]]) -> list[Sample]:
+            return [Sample(id=i, length=n, arrival_step=a) for i, n, a in rows]
+        self.queues = [samples(rows) for rows in state["queues"]]
+        self.carry = samples(state["carry"])
 
     def latency(self, lengths: Sequence[int]) -> np.ndarray:
         """Predicted forward + backward seconds of whole documents on a middle stage."""

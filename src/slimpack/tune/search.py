@@ -17,12 +17,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from slimpack.compare.run import check_strategies, run_strategy, step_batches
+from slimpack.compare.run import Window, check_strategies, run_strategy
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.data import Dataset
 from slimpack.errors import UserError
 from slimpack.plan.types import Sample
+from slimpack.strategies.stream import stream_batches
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import Layout, layouts
 
@@ -111,7 +112,7 @@ def _reason(message: str) -> str:
 
 
 def tune_strategy(strategy: str, candidates: Sequence[tuple[Layout, Config]],
-                  batches: Sequence[Sequence[Sample]], *, exhaustive: bool = False,
+                  batches: Sequence[Sequence[Sample]], dataset: Dataset, *, exhaustive: bool = False,
                   on_trial: Callable[[Trial], None] = lambda t: None) -> StrategyTuning:
     """Branch and bound over ``candidates`` for one strategy (see the module docstring)."""
     lengths = [[s.length for s in b] for b in batches]
@@ -132,36 +133,37 @@ def tune_strategy(strategy: str, candidates: Sequence[tuple[Layout, Config]],
         if not exhaustive and tokens / floor <= best:
             trials.append(Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor))
         else:
-            trials.append(_simulate(strategy, layout, config, batches, floor))
+            trials.append(_simulate(strategy, layout, config, dataset, len(batches), floor))
             if trials[-1].ok:
                 best = max(best, trials[-1].tokens_per_s)
         on_trial(trials[-1])
     return StrategyTuning(strategy=strategy, trials=tuple(trials))
 
 
-def _simulate(strategy: str, layout: Layout, config: Config, batches: Sequence[Sequence[Sample]],
-              floor: float) -> Trial:
+def _simulate(strategy: str, layout: Layout, config: Config, dataset: Dataset, steps: int, floor: float) -> Trial:
+    """The strategy over steps ``0 .. steps - 1`` as the measured window (no warm-up; see compare.run)."""
     began = time.perf_counter()
-    run = run_strategy(strategy, config, batches)
+    run = run_strategy(strategy, config, dataset, Window(warmup_steps=0, steps=steps))
     wall = time.perf_counter() - began
     row = run.metrics()
-    if row["failed_steps"]:
-        return Trial(layout=layout, status=f"failed: {_reason(row['errors'][0])}", floor_s=floor, wall_s=wall)
-    if row["oom_steps"]:
+    if row.failed_steps:
+        return Trial(layout=layout, status=f"failed: {_reason(row.errors[0])}", floor_s=floor, wall_s=wall)
+    if row.oom_steps:
         return Trial(layout=layout, status="simulated: exceeds GPU memory", floor_s=floor, wall_s=wall,
-                     peak_memory_bytes=row["peak_memory_bytes"])
-    return Trial(layout=layout, status="simulated", floor_s=floor, tokens_per_s=row["tokens_per_s"],
-                 efficiency=row["efficiency"], step_time_s=row["step_time_mean_s"],
-                 peak_memory_bytes=row["peak_memory_bytes"], wall_s=wall)
+                     peak_memory_bytes=row.peak_memory_bytes)
+    # a deferring strategy's drain counts: the time floor bounds the whole batches' time
+    return Trial(layout=layout, status="simulated", floor_s=floor, tokens_per_s=row.tokens_per_s_with_drain,
+                 efficiency=row.efficiency, step_time_s=row.step_time_mean_s,
+                 peak_memory_bytes=row.peak_memory_bytes, wall_s=wall)
 
 
 def _in_workers(workers: int, strategies: Sequence[str], candidates: Sequence[tuple[Layout, Config]],
-                batches: Sequence[Sequence[Sample]], exhaustive: bool,
+                batches: Sequence[Sequence[Sample]], dataset: Dataset, exhaustive: bool,
                 on_trial: Callable[[str, Trial], None]) -> tuple[StrategyTuning, ...]:
     """One strategy per task; each search is sequential (its pruning needs its best so far)."""
     done: dict[str, StrategyTuning] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(tune_strategy, name, candidates, batches, exhaustive=exhaustive): name
+        futures = {pool.submit(tune_strategy, name, candidates, batches, dataset, exhaustive=exhaustive): name
                    for name in strategies}
         for future in as_completed(futures):
             tuning = future.result()
@@ -182,16 +184,16 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
     if steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
     began = time.perf_counter()
-    batches = step_batches(dataset, base, steps)
+    batches = stream_batches(dataset, base, steps)
     candidates, skipped = candidate_layouts(base, num_gpus, batches)
     if not candidates:
         reasons = "; ".join(f"{n}x {r}" for r, n in skipped.most_common(3))
         raise UserError(f"no layout of {num_gpus} GPUs can hold {base.model.name} ({reasons})")
     on_candidates(len(candidates))
     if workers > 1 and len(strategies) > 1:
-        results = _in_workers(workers, strategies, candidates, batches, exhaustive, on_trial)
+        results = _in_workers(workers, strategies, candidates, batches, dataset, exhaustive, on_trial)
     else:
-        results = tuple(tune_strategy(name, candidates, batches, exhaustive=exhaustive,
+        results = tuple(tune_strategy(name, candidates, batches, dataset, exhaustive=exhaustive,
                                       on_trial=lambda t, name=name: on_trial(name, t)) for name in strategies)
     return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, steps=steps, strategies=results,
                       skipped=skipped, wall_s=time.perf_counter() - began)

@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -68,6 +69,12 @@ class MilpBudget:
 class SlimPackPlanner:
     name = "slimpack"
 
+    stateful = True
+    """Its plans depend on earlier steps through the search seed (the previous step's winner)."""
+    resets_every = FULL_SEARCH_EVERY
+    """The seed is replaced by a full search at every multiple of this step, so a stream seeking
+    to step s replays only from the multiple before s (``strategies.stream``)."""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         self.interleaved = config.parallel.virtual_stages > 1
@@ -78,6 +85,12 @@ class SlimPackPlanner:
         self._built: dict[tuple, PipelinePlan] = {}
         self._seed: Shape | None = None
         """The previous step's winning shape, which seeds this step's search."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": list(self._seed) if self._seed is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._seed = Shape(*state["seed"]) if state.get("seed") is not None else None
 
     # ---- costs ----------------------------------------------------------------------------
     def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
