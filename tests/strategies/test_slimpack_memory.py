@@ -3,7 +3,7 @@
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
@@ -74,6 +74,7 @@ BASELINES = ("bytescale", "bfd", "kk")
 @given(lengths=st.lists(st.integers(128, 65536), min_size=2, max_size=40), pp=st.sampled_from([1, 2, 4]),
        vpp=st.sampled_from([1, 1, 2]), dp=st.sampled_from([1, 2]), memory_gib=st.sampled_from([30.0, 45.0, 80.0]),
        recompute=st.sampled_from(["none", "selective", "full"]))
+@example(lengths=[128, 128, 128, 65409], pp=2, vpp=2, dp=2, memory_gib=30.0, recompute="none")  # a replica with one sample
 def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, dp, memory_gib, recompute):
     config = _config(pp=pp, dp=dp, memory_gib=memory_gib, recompute=recompute, context=65536,
                      vpp=vpp if pp > 1 else 1)

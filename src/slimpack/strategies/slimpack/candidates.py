@@ -90,6 +90,12 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Pl
     return [planner.build(samples, sequences, n, step) for n in planner.candidates if n > 1]
 
 
+def fastest_fitting(plans: Sequence[Plan], cost: CostModel) -> Plan | None:
+    """The plan of ``plans`` that fits in memory with the shortest simulated step (None if none fits)."""
+    timed = [(simulate(p, cost, check=False).step_time_s, k, p) for k, p in enumerate(plans) if plan_fits(p, cost)]
+    return min(timed, key=lambda t: (t[0], t[1]))[2] if timed else None
+
+
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
     """``plan`` (SlimPack's; ``fitting``: every pipeline fits) or a candidate's plan that the
     simulator finds faster, or that fits when ``plan`` does not. ``lead``: SlimPack's simulated

@@ -32,7 +32,7 @@ from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
 from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
 from slimpack.schedule.default import activation_cap_tokens
 from slimpack.sim import simulate
-from slimpack.strategies.slimpack.candidates import safest_plan
+from slimpack.strategies.slimpack.candidates import baseline_plans, fastest_fitting, safest_plan
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.memory import fits
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
@@ -64,6 +64,10 @@ class MilpBudget:
 
     deadline: float
     results: list[MilpResult] = field(default_factory=list)
+
+
+class InterleavingError(UserError):
+    """A pipeline got fewer whole samples than interleaved 1F1B needs groups."""
 
 
 class SlimPackPlanner:
@@ -207,7 +211,7 @@ class SlimPackPlanner:
         rules = dataclasses.replace(self.rules, can_cut=False)
         num_groups = min(shape.num_groups, len(pieces)) // par.pp * par.pp
         if num_groups == 0:
-            raise UserError(f"slimpack: interleaved 1F1B needs at least pp = {par.pp} samples per pipeline, "
+            raise InterleavingError(f"slimpack: interleaved 1F1B needs at least pp = {par.pp} samples per pipeline, "
                             f"a pipeline got {len(pieces)}; use a smaller --pp or --vpp 1, or a larger batch")
         groups = tuple(tuple(g) for g in cut_into_groups(pieces, num_groups, forward_cost, rules))
         assert len(groups) == num_groups, "whole samples cut into fewer groups than samples"
@@ -332,6 +336,19 @@ class SlimPackPlanner:
 
     # ---- the step -------------------------------------------------------------------------
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
+        try:
+            return self._plan(batch, step=step)
+        except InterleavingError as exc:
+            # a replica got fewer whole samples than interleaving needs groups: SlimPack has no
+            # plan of its own here, the fastest baseline candidate that fits runs instead
+            plan = fastest_fitting(baseline_plans(batch, step, self.config), self.cost)
+            if plan is None:
+                raise UserError(str(exc)) from None
+            return dataclasses.replace(plan, strategy=self.name,
+                                       info={"candidate": plan.strategy, "slimpack": str(exc),
+                                             plan.strategy: dict(plan.info)})
+
+    def _plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
         self._built.clear()  # keys hold indices into this step's batch
         samples = list(batch)
