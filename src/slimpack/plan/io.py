@@ -36,7 +36,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "samples": [{"id": s.id, "length": s.length, "arrival_step": s.arrival_step} for s in plan.samples],
         "deferred": list(plan.deferred),
         "pipelines": [_pipeline_to_dict(p) for p in plan.pipelines],
-        "info": plan.info,
+        "info": dict(plan.info),
     }
 
 

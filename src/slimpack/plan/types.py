@@ -10,7 +10,7 @@ Must not import torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
@@ -92,8 +92,9 @@ class Plan:
     deferred: tuple[int, ...] = ()
     """Ids of samples of this batch held back to a later step (they appear in no group)."""
     pipelines: tuple[PipelinePlan, ...]
-    info: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    """Planner diagnostics (time taken, solver status, chosen knobs); not needed to check or run."""
+    info: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Planner diagnostics (time taken, solver status, chosen knobs); not needed to check or run.
+    Built once, with the plan (``dataclasses.replace(plan, info=...)`` for an addition)."""
 
     def __post_init__(self) -> None:
         # a plan carries its schedule: every pipeline's order is resolved once, here, so nothing

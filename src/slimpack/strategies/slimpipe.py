@@ -120,5 +120,5 @@ class SlimPipePlanner:
             scored.append(((not fits, result.step_time_s if fits else max(result.peak_memory_bytes), n),
                            plan, result.step_time_s))
         _, best, _ = min(scored, key=lambda t: t[0])
-        best.info["candidates_step_time_s"] = {key[2]: time for key, _, time in scored}
-        return best
+        return replace(best, info={**best.info,
+                                   "candidates_step_time_s": {key[2]: time for key, _, time in scored}})

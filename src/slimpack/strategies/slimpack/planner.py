@@ -402,14 +402,13 @@ class SlimPackPlanner:
                 "candidates": tried,
                 "memory_fallback_pipelines": fallbacks,
                 "milp": _milp_summary(milp.results if milp else None)}
-        plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
-                    pipelines=tuple(pipelines), info=info)
         whole = [scores[c][1] for c in scores if not c.slicing and scores[c][0]]
         lead = scores[shape][1] / min(whole) if whole and scores[shape][0] else 1.0
-        plan.info["step_over_whole_samples"] = lead
+        info["step_over_whole_samples"] = lead
+        plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
+                    pipelines=tuple(pipelines), info=info)
         plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines), lead=lead)
-        plan.info["planner_time_s"] = time.perf_counter() - began
-        return plan
+        return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
 
 
 def _milp_summary(results: list[MilpResult] | None) -> dict | None:
