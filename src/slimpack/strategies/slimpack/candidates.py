@@ -90,10 +90,16 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Pl
     return [planner.build(samples, sequences, n, step) for n in planner.candidates if n > 1]
 
 
-def fastest_fitting(plans: Sequence[Plan], cost: CostModel) -> Plan | None:
-    """The plan of ``plans`` that fits in memory with the shortest simulated step (None if none fits)."""
-    timed = [(simulate(p, cost, check=False).step_time_s, k, p) for k, p in enumerate(plans) if plan_fits(p, cost)]
-    return min(timed, key=lambda t: (t[0], t[1]))[2] if timed else None
+def fastest_fitting(plans: Sequence[Plan], cost: CostModel) -> tuple[Plan, float] | None:
+    """The plan of ``plans`` that fits in memory with the shortest simulated step, and that step's
+    time (the first of equals; None if none fits)."""
+    best: tuple[Plan, float] | None = None
+    for plan in plans:
+        if plan_fits(plan, cost):
+            time_s = simulate(plan, cost, check=False).step_time_s
+            if best is None or time_s < best[1]:
+                best = (plan, time_s)
+    return best
 
 
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
@@ -106,20 +112,13 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
         if len(batch) > CANDIDATES_MAX_SAMPLES or (lead < 1 - CLEAR_LEAD and not tight):
             return plan
-    best, best_time = None, float("inf")
-    if fitting:
-        best, best_time = plan, simulate(plan, cost, check=False).step_time_s
-    for candidate in [*baseline_plans(batch, plan.step, plan.config),
-                      *sliced_sequence_plans(batch, plan.step, plan.config)]:
-        if not plan_fits(candidate, cost):
-            continue
-        time_s = simulate(candidate, cost, check=False).step_time_s
-        if time_s < best_time:
-            best, best_time = candidate, time_s
-    if best is None:
-        raise no_plan_fits(plan, cost)
-    if best is plan:
+    found = fastest_fitting([*baseline_plans(batch, plan.step, plan.config),
+                             *sliced_sequence_plans(batch, plan.step, plan.config)], cost)
+    if fitting and (found is None or found[1] >= simulate(plan, cost, check=False).step_time_s):
         return plan
+    if found is None:
+        raise no_plan_fits(plan, cost)
+    best = found[0]
     name = best.strategy if best.strategy != "slimpipe" else f"sliced bfd sequences (n={best.info['num_slices']})"
     info = {"candidate": name, "slimpack": dict(plan.info), name: dict(best.info)}
     return dataclasses.replace(best, strategy=plan.strategy, info=info)

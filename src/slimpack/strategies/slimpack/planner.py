@@ -341,9 +341,10 @@ class SlimPackPlanner:
         except InterleavingError as exc:
             # a replica got fewer whole samples than interleaving needs groups: SlimPack has no
             # plan of its own here, the fastest baseline candidate that fits runs instead
-            plan = fastest_fitting(baseline_plans(batch, step, self.config), self.cost)
-            if plan is None:
+            found = fastest_fitting(baseline_plans(batch, step, self.config), self.cost)
+            if found is None:
                 raise UserError(str(exc)) from None
+            plan = found[0]
             return dataclasses.replace(plan, strategy=self.name,
                                        info={"candidate": plan.strategy, "slimpack": str(exc),
                                              plan.strategy: dict(plan.info)})
