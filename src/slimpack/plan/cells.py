@@ -22,20 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from slimpack.plan.types import Slice
+from slimpack.plan.types import Run, Slice, runs
 
 
 def fmt_slice(s: Slice) -> str:
     return f"({s.sample_id}, {s.start}, {s.end})"
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Consecutive slices of one sample inside a cell: one attention segment."""
-
-    sample_id: int
-    start: int
-    end: int
 
 
 def zigzag(start: int, end: int, shard: tuple[int, int]) -> list[tuple[int, int]]:
@@ -86,16 +77,16 @@ def cell_runs(g: int, b: int, slices: Sequence[Slice], *, name: str = "pipeline"
     per_sample: dict[int, list[Slice]] = {}
     for s in slices:
         per_sample.setdefault(s.sample_id, []).append(s)
-    runs = []
-    for sid, items in per_sample.items():
+    out: list[Run] = []
+    for items in per_sample.values():
         items.sort(key=lambda s: s.start)
         for s, t in zip(items, items[1:], strict=False):
             if s.end != t.start:
                 raise ValueError(
                     f"{name}: slices {fmt_slice(s)} and {fmt_slice(t)} share forward group {g} and "
                     f"backward group {b} but a slice between them does not; no order can run them")
-        runs.append(Run(sid, items[0].start, items[-1].end))
-    return tuple(runs)
+        out.extend(runs(items))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from slimpack.cost import CostModel
 from slimpack.schedule.actions import Action, Order
 from slimpack.schedule.default import default_order
 
-__all__ = ["Action", "Formation", "Group", "PipelinePlan", "Plan", "Sample", "Slice", "segments",
+__all__ = ["Action", "Formation", "Group", "PipelinePlan", "Plan", "Run", "Sample", "Slice", "runs",
            "with_default_orders"]
 
 
@@ -36,19 +36,32 @@ class Slice(NamedTuple):
 Group = tuple[Slice, ...]
 
 
-def segments(group: tuple[Slice, ...] | list[Slice]) -> list[tuple[int, int]]:
-    """(tokens, prefix) of the attention segments a group runs: contiguous slices of one sample
-    listed next to each other form one segment (one varlen entry, one kernel tile schedule)."""
-    out: list[tuple[int, int]] = []
-    last: Slice | None = None
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive slices of one sample run next to each other: one attention segment (one varlen
+    entry, one kernel tile schedule) over queries [start, end) with keys [0, end)."""
+
+    sample_id: int
+    start: int
+    end: int
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+def runs(group: Sequence[Slice]) -> list[Run]:
+    """The attention segments of slices in the order given: a slice that continues the previous
+    one ([a, b) then [b, c) of one sample) extends its run."""
+    out: list[Run] = []
     for s in group:
-        if last is not None and s.sample_id == last.sample_id and s.start == last.end:
-            tokens, prefix = out[-1]
-            out[-1] = (tokens + s.end - s.start, prefix)
+        if out and s.sample_id == out[-1].sample_id and s.start == out[-1].end:
+            out[-1] = Run(s.sample_id, out[-1].start, s.end)
         else:
-            out.append((s.end - s.start, s.start))
-        last = s
+            out.append(Run(s.sample_id, s.start, s.end))
     return out
+
+
 Formation = Literal["slim", "mix", "pack"]
 
 

@@ -173,8 +173,7 @@ class RankRuntime:
         if plan.config.parallel.virtual_stages * self.mesh.pp != self.num_chunks:
             raise ValueError(f"the plan has {plan.config.parallel.virtual_stages} virtual stages, this runtime "
                              f"was built for {self.num_chunks // self.mesh.pp}")
-        deferred = set(plan.deferred)
-        lengths = {s.id: s.length for s in plan.samples if s.id not in deferred}
+        lengths = {s.id: s.length for s in plan.trained_samples}
         num_loss = count_loss_tokens(lengths.values())
         for p in self.parameters:
             p.grad = None

@@ -191,9 +191,7 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
         step_time = max(step_time, ready + sync + optim)
     stage_devices = par.pp * par.dp
     work = busy / stage_devices
-    lengths = plan.sample_lengths()
-    deferred = set(plan.deferred)
-    run_lengths = np.asarray([length for sid, length in lengths.items() if sid not in deferred], dtype=np.float64)
+    run_lengths = np.asarray([s.length for s in plan.trained_samples], dtype=np.float64)
     num_tokens = int(run_lengths.sum())
     if document_lengths is not None:
         assert sum(document_lengths) == num_tokens, (sum(document_lengths), num_tokens)

@@ -28,7 +28,7 @@ from typing import Any
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.errors import UserError
-from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, segments
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
 from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
 from slimpack.schedule.default import activation_cap_tokens
 from slimpack.sim import simulate
@@ -127,7 +127,7 @@ class SlimPackPlanner:
     # ---- phase 2 --------------------------------------------------------------------------
     def _group_cost(self, group: Sequence[Slice], *, backward: bool) -> float:
         return self.cost.group_constant(backward=backward) + sum(
-            self.cost.slice_cost(tokens, prefix, backward=backward) for tokens, prefix in segments(group))
+            self.cost.slice_cost(run.tokens, run.start, backward=backward) for run in runs(group))
 
     def _refine(self, groups: list[list[Slice]], *, backward: bool, milp: MilpBudget) -> list[list[Slice]]:
         """The MILP's refinement of ``groups``, within what is left of the plan's MILP time."""
