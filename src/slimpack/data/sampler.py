@@ -72,7 +72,7 @@ class SamplerConfig(ConfigBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Sample:
+class DocumentChunk:
     id: int
     """Position in the batch, 0..n-1 in stream order."""
     length: int
@@ -89,7 +89,7 @@ class Sample:
 class Batch:
     step: int
     """Index of the batch in the stream (the optimizer step)."""
-    samples: tuple[Sample, ...]
+    samples: tuple[DocumentChunk, ...]
     """The batch's samples, ids 0..n-1."""
     num_dropped_docs: int = 0
     """Documents skipped (``drop_long``) in the stream between the previous batch's last sample
@@ -159,7 +159,7 @@ class GlobalBatchSampler:
         """The batch of optimizer step ``step`` (>= 0); same dataset + config + step => same batch."""
         step = _step_index(step)
         (e0, i0), (e1, i1) = self.start(step), self.start(step + 1)
-        samples: list[Sample] = []
+        samples: list[DocumentChunk] = []
         for epoch in range(e0, e1 + 1):
             stream = self._epoch(epoch)
             start = i0 if epoch == e0 else 0
@@ -167,7 +167,7 @@ class GlobalBatchSampler:
             columns = (stream.length[start:stop].tolist(), stream.doc_index[start:stop].tolist(),
                        stream.chunk[start:stop].tolist())
             for length, doc_index, chunk in zip(*columns, strict=True):
-                samples.append(Sample(id=len(samples), length=length, doc_index=doc_index,
+                samples.append(DocumentChunk(id=len(samples), length=length, doc_index=doc_index,
                                       chunk=chunk, epoch=epoch))
         docs, tokens = (b - a for a, b in zip(self._dropped_before(e0, i0),
                                               self._dropped_before(e1, i1), strict=True))

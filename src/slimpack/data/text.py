@@ -4,7 +4,7 @@ bytes (a byte-level tokenizer: token = byte, vocabulary 256, the ``tiny`` model'
 ``TextCorpus.stdlib()`` lists the files under ``sysconfig.get_paths()["stdlib"]`` (site-packages
 left out) in sorted path order; a document's length is its size in bytes, so the corpus is also a
 ``Dataset`` of lengths for the batch sampler, which cuts documents at ``max_context``. A sampler
-``Sample`` (document, chunk) maps back to its bytes with ``sample_tokens``.
+``DocumentChunk`` (document, chunk) maps back to its bytes with ``sample_tokens``.
 Must not import torch.
 """
 

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimpack.config import Config
-from slimpack.data import Dataset, GlobalBatchSampler, SamplerConfig
-from slimpack.data import Sample as DataSample
+from slimpack.data import Dataset, DocumentChunk, GlobalBatchSampler, SamplerConfig
 from slimpack.errors import UserError
 from slimpack.plan.types import Plan, Sample
 from slimpack.strategies import make_planner
@@ -46,7 +45,7 @@ class PlannedStep:
     plan: Plan
     planner_time_s: float
     """Wall time of the planner call alone."""
-    sources: Mapping[int, DataSample]
+    sources: Mapping[int, DocumentChunk]
     """Plan sample id -> the sampler's sample (document, chunk) of the samples this step trains; a
     piece a strategy cut off a document itself (``fixed`` at a sequence boundary) has none."""
     arrived: tuple[Sample, ...] = ()
@@ -77,7 +76,7 @@ class PlannedStep:
         return sum(s.length * (self.step - s.arrival_step) for s in self.plan.trained_samples)
 
 
-def step_samples(sampler: GlobalBatchSampler, step: int) -> dict[int, tuple[Sample, DataSample]]:
+def step_samples(sampler: GlobalBatchSampler, step: int) -> dict[int, tuple[Sample, DocumentChunk]]:
     """Step ``step``'s new samples by plan id, with the sampler's sample each comes from."""
     first = sampler.samples_before(step)
     return {first + s.id: (Sample(id=first + s.id, length=s.length, arrival_step=step), s)
@@ -102,7 +101,7 @@ class PlanStream:
         self.planner: Planner = make_planner(strategy, config)
         self.step = 0
         """The next step ``next()`` plans."""
-        self._held: dict[int, tuple[Sample, DataSample]] = {}
+        self._held: dict[int, tuple[Sample, DocumentChunk]] = {}
         """Samples the strategy holds back (deferred by its last plan), by plan id."""
         self.seek(start)
 
@@ -115,7 +114,7 @@ class PlanStream:
         """Tokens the strategy holds back for later steps."""
         return sum(sample.length for sample, _ in self._held.values())
 
-    def batch(self, step: int) -> dict[int, tuple[Sample, DataSample]]:
+    def batch(self, step: int) -> dict[int, tuple[Sample, DocumentChunk]]:
         """Step ``step``'s new samples by plan id (see the module docstring for the ids)."""
         return step_samples(self.sampler, step)
 
@@ -131,7 +130,7 @@ class PlanStream:
         (call it while ``held_tokens`` is not 0)."""
         return self._plan({}, drain=True)
 
-    def _plan(self, new: dict[int, tuple[Sample, DataSample]], *, drain: bool) -> PlannedStep:
+    def _plan(self, new: dict[int, tuple[Sample, DocumentChunk]], *, drain: bool) -> PlannedStep:
         """Plan the current step from ``new``; the stream moves on even when the planner fails (the
         failed step's samples are then lost to this stream, as they would be to a training run)."""
         step = self.step
@@ -193,7 +192,7 @@ class PlanStream:
         self._held = {}
         for sid, length, arrival, batch_id, doc_index, chunk, epoch in state["held"]:
             self._held[sid] = (Sample(id=sid, length=length, arrival_step=arrival),
-                               DataSample(id=batch_id, length=length, doc_index=doc_index, chunk=chunk,
+                               DocumentChunk(id=batch_id, length=length, doc_index=doc_index, chunk=chunk,
                                           epoch=epoch))
         if self.stateful:
             self.planner = make_planner(self.strategy, self.config)

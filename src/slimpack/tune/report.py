@@ -12,8 +12,6 @@ from slimpack.compare.run import BASELINE
 from slimpack.config import save_config
 from slimpack.tune.search import TuneResult
 
-GIB = 2**30
-
 
 def best_rows(result: TuneResult) -> list[dict[str, Any]]:
     """One row per strategy: its best layout and figures, and its speed-up over the best layout of
@@ -41,7 +39,6 @@ def best_rows(result: TuneResult) -> list[dict[str, Any]]:
         row["vs_best_overall"] = row["tokens_per_s"] / top if top else None
     return rows
 
-
 def to_json(result: TuneResult) -> dict[str, Any]:
     config = result.best_config()
     return {"num_gpus": result.num_gpus, "dataset": result.dataset, "steps": result.steps,
@@ -49,7 +46,6 @@ def to_json(result: TuneResult) -> dict[str, Any]:
             "global_batch_tokens": result.base.train.global_batch_tokens, "wall_s": result.wall_s,
             "skipped_layouts": dict(result.skipped), "strategies": best_rows(result),
             "best_config": config.to_dict() if config else None}
-
 
 def search_summary(result: TuneResult) -> list[str]:
     """Lines that say what the search did: layouts skipped, simulated, pruned and failed, and why."""
@@ -60,7 +56,6 @@ def search_summary(result: TuneResult) -> list[str]:
     for status, n in total.most_common():
         lines.append(f"{n:5d} x {status}")
     return lines
-
 
 def markdown_table(result: TuneResult) -> str:
     lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | simulated / pruned / failed |",
@@ -74,7 +69,6 @@ def markdown_table(result: TuneResult) -> str:
                      f"{ratio} | {r['simulated']} / {r['pruned']} / {r['failed']} |")
     return "\n".join(lines)
 
-
 def write_configs(result: TuneResult, directory: Path) -> list[Path]:
     """``best-<strategy>.json`` per strategy that found a layout, and ``best.json`` overall."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -85,7 +79,6 @@ def write_configs(result: TuneResult, directory: Path) -> list[Path]:
             paths.append(directory / f"best-{tuning.strategy}.json")
             save_config(config, paths[-1])
     return paths
-
 
 def throughput_chart(result: TuneResult, path: Path) -> None:
     """Tokens/s of every simulated layout, per strategy, in the order the search tried them (the
@@ -116,7 +109,6 @@ def throughput_chart(result: TuneResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
 
 def write_report(result: TuneResult, directory: Path, command: list[str]) -> Path:
     """``tune.md`` (table and how to reproduce), ``tune.json``, ``tune.png`` and the best configs."""
