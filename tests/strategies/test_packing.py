@@ -1,6 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slimpack.strategies.karmarkar_karp import karmarkar_karp
 from slimpack.strategies.packing import (
     best_fit_decreasing,
     contiguous_cuts,
@@ -8,7 +9,6 @@ from slimpack.strategies.packing import (
     small_at_ends,
     smallest_count,
 )
-from slimpack.strategies.partition import karmarkar_karp
 
 
 def sums(weights, subsets):

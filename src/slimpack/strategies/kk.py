@@ -21,8 +21,8 @@ from slimpack.config import Config
 from slimpack.cost import model_training_flops
 from slimpack.plan.types import Group, Plan, Sample
 from slimpack.strategies.base import cut_to_context, symmetric_plan, whole
+from slimpack.strategies.karmarkar_karp import karmarkar_karp
 from slimpack.strategies.packing import Bins, small_at_ends, smallest_count
-from slimpack.strategies.partition import karmarkar_karp
 
 
 class KKPlanner:

@@ -37,8 +37,8 @@ from slimpack.cost import CostModel
 from slimpack.errors import UserError
 from slimpack.plan.types import Group, Plan, Sample
 from slimpack.strategies.base import symmetric_plan, whole
+from slimpack.strategies.karmarkar_karp import karmarkar_karp
 from slimpack.strategies.packing import least_loaded_fit
-from slimpack.strategies.partition import karmarkar_karp
 
 OUTLIER_MULTIPLES = (1.0, 2.0)
 """Default queue levels: a document is an outlier of level i when it alone costs at least this many

@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from slimpack.plan.types import Group, Slice
-from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
+from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 
 
 def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:

@@ -33,10 +33,10 @@ from slimpack.schedule.builders import backward_needs, dependency_aware, interle
 from slimpack.schedule.default import activation_cap_tokens
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.candidates import baseline_plans, fastest_fitting, safest_plan
+from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.memory import fits
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
-from slimpack.strategies.slimpack.partition import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
 from slimpack.strategies.slimpack.shape import ASYMMETRIC, BOUNDED, SYMMETRIC, Score, Shape, rank
 
@@ -141,19 +141,19 @@ class SlimPackPlanner:
         milp.results.append(result)
         return result.groups
 
-    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
-                  milp: MilpBudget | None = None) -> PipelinePlan:
+    def _best_pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
+                       milp: MilpBudget | None = None) -> PipelinePlan:
         """The pipeline's groups and order. With ``milp``, the MILP refines the heuristic's groups
         and the refinement is kept only if it fits and does not make the pipeline's simulated step
         slower (the MILP balances group costs; the simulator also sees what that does to the
         schedule)."""
-        heuristic = self._build(bin_, samples, shape)
+        heuristic = self._memo_pipeline(bin_, samples, shape)
         if milp is None or not heuristic.forward or self.interleaved:
             return heuristic
         if time.perf_counter() >= milp.deadline:
             milp.results.append(MilpResult([], "out of time", 0.0, 0.0))
             return heuristic
-        refined = self._build(bin_, samples, shape, milp)
+        refined = self._memo_pipeline(bin_, samples, shape, milp)
         if refined == heuristic:
             return heuristic
         refined_score = self._simulate([(bin_, refined)], samples)
@@ -162,20 +162,22 @@ class SlimPackPlanner:
         milp.results.append(MilpResult([], "rejected by simulation", 0.0, 0.0))
         return heuristic
 
-    def _build(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
-               milp: MilpBudget | None = None) -> PipelinePlan:
+    def _memo_pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
+                       milp: MilpBudget | None = None) -> PipelinePlan:
         """The heuristic pipeline (memoised within a step: scoring builds the winning shape's
         heaviest pipelines first), or its MILP refinement."""
         key = (bin_.replicas, bin_.items, shape)
         if milp is None and key in self._built:
             return self._built[key]
-        pipeline = self._construct(bin_, samples, shape, milp)
+        pipeline = self._cut_pipeline(bin_, samples, shape, milp)
         if milp is None:
             self._built[key] = pipeline
         return pipeline
 
-    def _construct(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
-                   milp: MilpBudget | None) -> PipelinePlan:
+    def _cut_pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
+                      milp: MilpBudget | None) -> PipelinePlan:
+        """The pipeline ``shape`` asks for: the bin's samples cut into forward groups, regrouped
+        for backward (symmetric, asymmetric or bounded), with the MILP's refinement when given."""
         members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
         cp = self.config.parallel.cp * len(bin_.replicas)
         if not members:  # more replicas than samples: this one only joins the gradient all-reduce
@@ -244,7 +246,7 @@ class SlimPackPlanner:
 
     def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> Score:
         """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``."""
-        return self._simulate([(b, self._build(b, samples, shape)) for b in bins], samples)
+        return self._simulate([(b, self._memo_pipeline(b, samples, shape)) for b in bins], samples)
 
     def _scored_bins(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> list[Bin]:
         """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
@@ -313,9 +315,9 @@ class SlimPackPlanner:
             single = [b for b in bins if len(b.replicas) == 1]
             if not single:
                 break
-            merged_s = max(self._simulate([(b, self._build(b, samples, shape))], samples)[1] for b in merged)
+            merged_s = max(self._simulate([(b, self._memo_pipeline(b, samples, shape))], samples)[1] for b in merged)
             heaviest = max(single, key=lambda b: (b.load, -b.replicas[0]))
-            single_s = self._simulate([(heaviest, self._build(heaviest, samples, shape))], samples)[1]
+            single_s = self._simulate([(heaviest, self._memo_pipeline(heaviest, samples, shape))], samples)[1]
             if abs(merged_s - single_s) <= MERGE_FINISH_TOLERANCE * single_s:
                 break
             speed *= single_s / merged_s
@@ -389,9 +391,9 @@ class SlimPackPlanner:
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         pipelines, fallbacks = [], 0
         for bin_ in bins:
-            pipe = self._pipeline(bin_, samples, shape, milp)
+            pipe = self._best_pipeline(bin_, samples, shape, milp)
             if not self._fits(pipe):
-                pipe = next((p for p in (self._build(bin_, samples, s) for s in self._fallbacks(shape, ranked))
+                pipe = next((p for p in (self._memo_pipeline(bin_, samples, s) for s in self._fallbacks(shape, ranked))
                              if self._fits(p)), pipe)
                 fallbacks += 1
             # formations are reported in the plan only (scoring does not need them)
