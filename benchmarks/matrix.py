@@ -1,13 +1,17 @@
-"""The paper-style benchmark matrix: datasets x models x max context x cluster size, every strategy
-side by side in one run per cell (same batches), written to docs/RESULTS.md.
+"""The paper-style benchmark matrix: datasets x models x max context x cluster size x tokens per GPU,
+every strategy side by side in one run per cell (same batches), written to docs/RESULTS.md.
 
-    python benchmarks/matrix.py                      # the full matrix (tens of minutes on one core)
+    python benchmarks/matrix.py --part 1/4 --json part1.json     # a quarter of the grid, resumable
+    python benchmarks/matrix.py --from-json part1.json,part2.json  # docs/RESULTS.md from finished parts
     python benchmarks/matrix.py --datasets wikipedia --models llama2-7b --contexts 128K --sizes small
 
 Layouts are the ones long-context users run (and that fit an H100's memory for the fixed-length
 baseline): Llama 7B/8B with tp 8 x pp 4 (cp 2 at 256K), Llama 70B with tp 8 x pp 8 and full
 recomputation (cp 2 at 128K, cp 4 at 256K); "small" is one or two pipelines, "large" is 256 GPUs.
-The global batch is 64K tokens per GPU (4M tokens on 64 GPUs). Shorter contexts (32K) use tp 4.
+Shorter contexts (32K) use tp 4. The global batch is ``--tokens-per-gpu`` tokens per GPU (64K by
+default, at least one context). Every cell runs the comparison protocol of ``slimpack compare``:
+warm-up steps, then a measured window; strategies are ranked by efficiency on one work basis (the
+whole documents' ideal work), so a ratio of efficiencies is a ratio of useful work per second.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from slimpack.strategies import STRATEGIES
 MODELS = ("llama2-7b", "llama3-8b", "llama2-70b")
 CONTEXTS = {"32K": 32768, "64K": 65536, "128K": 131072, "256K": 262144}
 SIZES = ("small", "large")
-TOKENS_PER_GPU = 65536
+TOKENS_PER_GPU = {"32K": 32768, "64K": 65536, "256K": 262144}
 
 
 def layout(model: str, context: int, size: str) -> tuple[ParallelConfig, str]:
@@ -40,54 +44,151 @@ def layout(model: str, context: int, size: str) -> tuple[ParallelConfig, str]:
     per_pipeline = tp * pp * cp
     gpus = 256 if size == "large" else max(64, per_pipeline)
     dp = max(1, gpus // per_pipeline)
-    return ParallelConfig(tp=tp, pp=pp, cp=cp, dp=dp), "full" if big else "selective"
+    return ParallelConfig(tp=tp, pp=pp, cp=cp, dp=dp), "full" if big else "none"
 
 
-def run_cell(dataset: str, model: str, context: int, size: str, window: Window) -> dict:
+def cell_key(dataset: str, model: str, context: int, size: str, per_gpu: int) -> str:
+    return f"{dataset} / {model} / {context // 1024}K / {size} / {per_gpu // 1024}K per GPU"
+
+
+def run_cell(dataset: str, model: str, context: int, size: str, per_gpu: int, window: Window) -> dict:
     parallel, recompute = layout(model, context, size)
-    batch = TOKENS_PER_GPU * parallel.num_devices
     config = build_config(model=model, gpu="h100-sxm", parallel=parallel,
-                          train=TrainConfig(max_context=context, global_batch_tokens=max(batch, context),
+                          train=TrainConfig(max_context=context,
+                                            global_batch_tokens=max(per_gpu * parallel.num_devices, context),
                                             recompute=recompute))
     began = time.perf_counter()
     rows = [row.to_dict() for row in compare(config, load_dataset(dataset), list(STRATEGIES), window).table()]
-    return {"dataset": dataset, "model": model, "context": context, "size": size,
+    return {"key": cell_key(dataset, model, context, size, per_gpu), "dataset": dataset, "model": model,
+            "context": context, "size": size, "tokens_per_gpu": per_gpu,
             "layout": f"tp{parallel.tp} pp{parallel.pp} cp{parallel.cp} dp{parallel.dp} = {parallel.num_devices} GPUs",
             "batch_tokens": config.train.global_batch_tokens, "recompute": recompute, "window": window.to_dict(),
             "seconds": time.perf_counter() - began, "rows": rows}
 
 
+def fitting_baselines(cell: dict) -> list[dict]:
+    return [r for r in cell["rows"] if r["strategy"] != "slimpack" and r["efficiency"] is not None
+            and not r["oom_steps"]]
+
+
+def lead(cell: dict) -> tuple[dict | None, float]:
+    """The best baseline that fits (by efficiency) and SlimPack's efficiency over it (nan if none)."""
+    ours = next(r for r in cell["rows"] if r["strategy"] == "slimpack")
+    best = max(fitting_baselines(cell), key=lambda r: r["efficiency"], default=None)
+    if best is None or ours["efficiency"] is None:
+        return best, float("nan")
+    return best, ours["efficiency"] / best["efficiency"]
+
+
+def wins(cell: dict) -> bool:
+    ours = next(r for r in cell["rows"] if r["strategy"] == "slimpack")
+    _, ratio = lead(cell)
+    return ours["efficiency"] is not None and not ours["oom_steps"] and not ratio < 1.0
+
+
 def cell_markdown(cell: dict) -> str:
-    head = (f"#### {cell['dataset']} / {cell['model']} / {cell['context'] // 1024}K / {cell['layout']}\n\n"
-            "| strategy | tokens/s | vs fixed | efficiency | bubble | peak mem (GiB) | OOM steps | planner p50 (s) | delay |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = (f"#### {cell['key']}: {cell['layout']}, recompute {cell['recompute']}\n\n"
+            "| strategy | tokens/s | vs fixed | efficiency | extra work | MFU | bubble | peak mem (GiB) | OOM steps | "
+            "planner p50 (s) | held after window (tokens) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in cell["rows"]:
         if r["efficiency"] is None:
-            lines.append(f"| {r['strategy']} | failed: {'; '.join(r['errors'])[:80]} | | | | | | | |")
+            lines.append(f"| {r['strategy']} | failed: {'; '.join(r['errors'])[:80]} |" + " |" * 9)
             continue
-        lines.append(f"| {r['strategy']} | {r['tokens_per_s']:,.0f} | {r['speedup_vs_fixed']:.2f}x | "
-                     f"{r['efficiency']:.3f} | {100 * r['bubble_fraction']:.1f}% | {r['peak_memory_bytes'] / 2**30:.1f} | "
-                     f"{len(r['oom_steps'])} | {r['planner_time_p50_s']:.2f} | {r['mean_delay_steps_per_token']:.2f} |")
+        lines.append(f"| {r['strategy']} | {r['tokens_per_s']:,.0f} | {r['speedup_vs_fixed'] or 0:.2f}x | "
+                     f"{r['efficiency']:.3f} | {100 * r['extra_work_fraction']:+.1f}% | {100 * r['mfu']:.1f}% | "
+                     f"{100 * r['bubble_fraction']:.1f}% | {r['peak_memory_bytes'] / 2**30:.1f} | "
+                     f"{len(r['oom_steps'])} | {r['planner_time_p50_s'] or 0:.2f} | {r['held_after_window_tokens']:,} |")
     return "\n".join(lines)
 
 
-def work_per_token(row: dict) -> float:
-    """Ideal (compute) seconds per trained token: mean ideal step / (tokens/s x mean step time)."""
-    return row["ideal_time_mean_s"] / (row["tokens_per_s"] * row["step_time_mean_s"])
-
-
 def summary_row(cell: dict) -> str:
+    ours = next(r for r in cell["rows"] if r["strategy"] == "slimpack")
+    best, ratio = lead(cell)
+    if ours["efficiency"] is None:
+        return f"| {cell['key']} | {cell['layout']} | failed | | | | | | |"
+    named = f"{best['strategy']} ({best['efficiency']:.3f})" if best else "—"
+    return (f"| {cell['key']} | {cell['layout']} | {ours['efficiency']:.3f} | "
+            f"{100 * ours['extra_work_fraction']:+.1f}% | {ours['speedup_vs_fixed'] or 0:.2f}x | {named} | "
+            f"{ratio:.3f}x | {len(ours['oom_steps'])} | {'yes' if wins(cell) else 'NO'} |")
+
+
+def spread(values: list[float], spec: str) -> str:
+    ordered = sorted(values)
+    if not ordered:
+        return "—"
+    return f"{format(ordered[0], spec)} / {format(ordered[len(ordered) // 2], spec)} / {format(ordered[-1], spec)}"
+
+
+def efficiency_ratio(cell: dict, strategy: str) -> float | None:
     rows = {r["strategy"]: r for r in cell["rows"]}
-    ours = rows["slimpack"]
-    fits = [r for name, r in rows.items() if name != "slimpack" and r["efficiency"] is not None and not r["oom_steps"]]
-    best = max(fits, key=lambda r: r["tokens_per_s"], default=None)
-    lead = ours["tokens_per_s"] / best["tokens_per_s"] if best else float("nan")
-    work = work_per_token(best) / work_per_token(ours) if best else float("nan")
-    verdict = "yes" if (best is None or ours["tokens_per_s"] >= best["tokens_per_s"]) and not ours["oom_steps"] else "NO"
-    return (f"| {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | {cell['layout']} | "
-            f"{ours['efficiency']:.3f} | {ours['speedup_vs_fixed']:.2f}x | {best['strategy'] if best else '—'} "
-            f"({best['efficiency']:.3f}) | {work:.3f} | {lead:.2f}x | {len(ours['oom_steps'])} | {verdict} |")
+    ours, other = rows["slimpack"], rows.get(strategy)
+    if other is None or other["efficiency"] is None or ours["efficiency"] is None:
+        return None
+    return ours["efficiency"] / other["efficiency"]
+
+
+def overview(cells: list[dict]) -> str:
+    """Per context and batch size: SlimPack's efficiency and its efficiency over fixed, WLB-LLM,
+    SlimPipe and the best baseline that fits (min / median / max over the cells)."""
+    lines = ["| context | tokens/GPU | cells | SlimPack efficiency | vs fixed | vs wlb | vs slimpipe | "
+             "vs best baseline | cells where SlimPack >= all |", "|---|---|---:|---|---|---|---|---|---:|"]
+    for context, per_gpu in sorted({(c["context"], c["tokens_per_gpu"]) for c in cells}):
+        group = [c for c in cells if (c["context"], c["tokens_per_gpu"]) == (context, per_gpu)]
+
+        def ratios(strategy: str, group: list[dict] = group) -> list[float]:
+            return [r for c in group if (r := efficiency_ratio(c, strategy)) is not None]
+
+        effs = [r["efficiency"] for c in group for r in c["rows"] if r["strategy"] == "slimpack" and r["efficiency"]]
+        best = [ratio for c in group if (ratio := lead(c)[1]) == ratio]
+        lines.append(f"| {context // 1024}K | {per_gpu // 1024}K | {len(group)} | {spread(effs, '.3f')} | "
+                     f"{spread(ratios('fixed'), '.3f')} | {spread(ratios('wlb'), '.3f')} | "
+                     f"{spread(ratios('slimpipe'), '.3f')} | {spread(best, '.3f')} | {sum(map(wins, group))} |")
+    return ("Min / median / max over the cells of each context length and batch size; the ratios are of "
+            "efficiency (useful work per second on the common basis):\n\n" + "\n".join(lines))
+
+
+def write(cells: list[dict], out: Path, command: str, window: dict) -> None:
+    cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | head -1"], capture_output=True, text=True).stdout
+    header = (
+        "# Benchmark matrix: every strategy side by side\n\n"
+        "**Simulated**, not measured: slimpack's DAG simulator with its default, uncalibrated H100 cost model "
+        "(`fa3` kernel figures, `config/efficiency.py`). The numbers compare plans; they are not measurements "
+        "of a cluster. Each cell plans and simulates the same consecutive global batches with every strategy "
+        f"in one run: {window['warmup_steps']} warm-up steps, then a measured window of {window['steps']} steps; "
+        "work a strategy defers is carried across the window (its drain is not in the figures; `held after "
+        "window` says how much it still held).\n\n"
+        "Basis: efficiency = ideal step time / simulated step time, the ideal being the whole documents' "
+        "training work (unsliced, no overheads, at full kernel efficiency) over the GPUs, the same for every "
+        "strategy on the same documents; a ratio of efficiencies is a ratio of useful work per second. "
+        "`extra work` = the plan's own modelled work over that ideal (slicing, per-call costs, communication). "
+        "`vs fixed` = tokens/s over Megatron-style fixed-length packing. `fixed` and `slimpipe` cut documents "
+        "at sequence boundaries (the pieces do not attend to each other); their efficiency is still counted "
+        "on the whole documents. Recomputation: none for 7B/8B, full for 70B.\n\n"
+        f"Reproduce: `{command}` (planning ran on: {cpu.split(':')[-1].strip() or platform.processor()}).\n\n"
+        "## Overview\n\n" + overview(cells) + "\n\n"
+        "## Summary: SlimPack against the best baseline that fits in memory (by efficiency)\n\n"
+        "| cell | layout | SlimPack efficiency | SlimPack extra work | SlimPack vs fixed (tokens/s) | "
+        "best baseline (efficiency) | SlimPack / best | SlimPack OOM steps | SlimPack >= all |\n"
+        "|---|---|---:|---:|---:|---|---:|---:|---|")
+    body = [header, *(summary_row(c) for c in cells), "\n## Every cell\n", *(cell_markdown(c) for c in cells)]
+    out.write_text("\n".join(body) + "\n")
+
+
+def load_cells(paths: list[str]) -> list[dict]:
+    cells: dict[str, dict] = {}
+    for path in paths:
+        if Path(path).exists():
+            for cell in json.loads(Path(path).read_text()):
+                cells[cell["key"]] = cell
+    return list(cells.values())
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise SystemExit(f"--part must be i/n with 1 <= i <= n, got {text!r}")
+    return int(index), int(count)
 
 
 def main() -> int:
@@ -96,81 +197,34 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--contexts", default=",".join(CONTEXTS))
     parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--tokens-per-gpu", default="64K", help=f"comma list of {', '.join(TOKENS_PER_GPU)}")
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_STEPS, help="unmeasured steps first")
     parser.add_argument("--steps", type=int, default=DEFAULT_WINDOW_STEPS, help="measured window")
+    parser.add_argument("--part", default="1/1", help="i/n: run every n-th cell of the grid from the i-th")
+    parser.add_argument("--json", default="docs/results.json",
+                        help="cells are written here after each one; cells already in it are not re-run")
     parser.add_argument("--out", default="docs/RESULTS.md")
-    parser.add_argument("--json", default="docs/results.json")
-    parser.add_argument("--from-json", action="store_true",
-                        help="rewrite --out from the cells already in --json (no planning)")
+    parser.add_argument("--from-json", help="comma list of JSON files: write --out from their cells, no planning")
     args = parser.parse_args()
+    window = Window(warmup_steps=args.warmup, steps=args.steps)
     if args.from_json:
-        cells = json.loads(Path(args.json).read_text())
-        write(cells, args, f"benchmarks/matrix.py --warmup {args.warmup} --steps {args.steps}")
+        cells = load_cells(args.from_json.split(","))
+        write(cells, Path(args.out), "python " + " ".join(sys.argv), window.to_dict())
         return 0
-    cells = []
-    grid = [(d, m, c, s) for d in args.datasets.split(",") for m in args.models.split(",")
-            for c in args.contexts.split(",") for s in args.sizes.split(",")]
-    for k, (dataset, model, context, size) in enumerate(grid, 1):
-        cell = run_cell(dataset, model, CONTEXTS[context], size,
-                        Window(warmup_steps=args.warmup, steps=args.steps))
+    index, count = parse_part(args.part)
+    grid = [(d, m, CONTEXTS[c], s, TOKENS_PER_GPU[t]) for t in args.tokens_per_gpu.split(",")
+            for c in args.contexts.split(",") for d in args.datasets.split(",") for m in args.models.split(",")
+            for s in args.sizes.split(",")][index - 1::count]
+    cells = load_cells([args.json])
+    done = {c["key"] for c in cells}
+    for k, cell_args in enumerate(grid, 1):
+        if cell_key(*cell_args) in done:
+            continue
+        cell = run_cell(*cell_args, window)
         cells.append(cell)
+        Path(args.json).write_text(json.dumps(cells, indent=1, default=str) + "\n")
         print(f"[{k}/{len(grid)}] {summary_row(cell)} ({cell['seconds']:.0f} s)", flush=True)
-        write(cells, args, " ".join(sys.argv))
     return 0
-
-
-def overview(cells: list[dict]) -> str:
-    """Per context: SlimPack's efficiency, its speed-up over fixed, over WLB-LLM and over the best
-    baseline that fits in memory (min / median / max over the cells)."""
-    lines = ["| context | cells | SlimPack efficiency | vs fixed | vs wlb | vs best baseline | cells where SlimPack >= all |",
-             "|---|---:|---|---|---|---|---:|"]
-
-    def spread(values: list[float], spec: str) -> str:
-        ordered = sorted(values)
-        return f"{format(ordered[0], spec)} / {format(ordered[len(ordered) // 2], spec)} / {format(ordered[-1], spec)}"
-
-    for context in sorted({c["context"] for c in cells}):
-        group = [c for c in cells if c["context"] == context]
-        eff, fixed, wlb, best, wins = [], [], [], [], 0
-        for c in group:
-            rows = {r["strategy"]: r for r in c["rows"]}
-            ours = rows["slimpack"]
-            fits = [r for n, r in rows.items() if n != "slimpack" and r["efficiency"] is not None and not r["oom_steps"]]
-            top = max(r["tokens_per_s"] for r in fits)
-            eff.append(ours["efficiency"])
-            fixed.append(ours["speedup_vs_fixed"])
-            wlb.append(ours["tokens_per_s"] / rows["wlb"]["tokens_per_s"])
-            best.append(ours["tokens_per_s"] / top)
-            wins += ours["tokens_per_s"] >= top and not ours["oom_steps"]
-        lines.append(f"| {context // 1024}K | {len(group)} | {spread(eff, '.3f')} | {spread(fixed, '.2f')} | "
-                     f"{spread(wlb, '.2f')} | {spread(best, '.3f')} | {wins} |")
-    return "Min / median / max over the cells of each context length:\n\n" + "\n".join(lines)
-
-
-def write(cells: list[dict], args: argparse.Namespace, command: str) -> None:
-    cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | head -1"], capture_output=True, text=True).stdout
-    header = (
-        "# Benchmark matrix: every strategy side by side\n\n"
-        "Simulated with slimpack's DAG simulator and its default (uncalibrated) H100 cost model: the numbers "
-        "compare plans, they are not measurements of a real cluster. Each cell plans and simulates the same "
-        f"consecutive global batches with every strategy in one run: {args.warmup} warm-up steps, then a "
-        f"measured window of {args.steps} steps; work a strategy defers is carried across the window, and its "
-        "drain after the window is not in the figures. `vs fixed` = tokens/s over Megatron-style fixed-length packing; "
-        "efficiency = the plan's compute spread evenly over all GPUs / simulated step time. Note that "
-        "`fixed` and `slimpipe` (which packs like `fixed`) cut documents at sequence boundaries, so the "
-        "pieces do not attend to each other: they compute less attention than the other strategies for "
-        "the same tokens (and train a different objective); the others keep every document whole or, "
-        "like SlimPack, slice it without losing attention.\n\n"
-        f"Reproduce: `python {command}` (planning ran on one core of: {cpu.split(':')[-1].strip() or platform.processor()}).\n\n"
-        "## Overview\n\n" + overview(cells) + "\n\n"
-        "## Summary: SlimPack against the best baseline that fits in memory\n\n"
-        "`its work` = the best baseline's compute per trained token relative to SlimPack's (below 1: it "
-        "computes less, by cutting documents).\n\n"
-        "| dataset | model | context | layout | SlimPack efficiency | SlimPack vs fixed | best baseline (efficiency) | "
-        "its work | SlimPack / best | SlimPack OOM steps | SlimPack >= all |\n|---|---|---|---|---:|---:|---|---:|---:|---:|---|")
-    body = [header, *(summary_row(c) for c in cells), "\n## Every cell\n", *(cell_markdown(c) for c in cells)]
-    Path(args.out).write_text("\n".join(body) + "\n")
-    Path(args.json).write_text(json.dumps(cells, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":
