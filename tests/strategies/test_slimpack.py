@@ -1,4 +1,6 @@
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -150,6 +152,17 @@ def test_milp_moves_whole_samples_to_cut_overload():
     assert sorted(sum(s.tokens for s in g) for g in result.groups) == [2, 10, 10]
     assert result.after == pytest.approx(2 * (10 - 22 / 3))
     assert sorted(s for g in result.groups for s in g) == sorted(s for g in groups for s in g)
+
+
+def test_the_milp_prints_nothing_to_stdout():
+    """HiGHS prints a banner on the first solver a process makes; slimpack's output must not carry it."""
+    code = ("from slimpack.plan.types import Slice\n"
+            "from slimpack.strategies.slimpack.milp import rebalance\n"
+            "groups = [[Slice(0, 0, 10), Slice(1, 0, 10)], [Slice(2, 0, 1)], [Slice(3, 0, 1)]]\n"
+            "r = rebalance(groups, lambda g: sum(s.tokens for s in g), lambda s: s.tokens, window=2)\n"
+            "print('status', r.status)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "status improved\n"
 
 
 @pytest.mark.parametrize("flag", ["use_slicing", "use_asymmetric", "use_dp_merge", "use_milp"])

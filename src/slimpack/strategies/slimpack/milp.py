@@ -1,6 +1,6 @@
 """Phase 2 refinement: a makespan MILP (HiGHS) that moves whole samples between neighbouring groups.
 
-The heuristic cut (``partition``) balances groups up to the granularity of samples that cannot be
+The heuristic cut (``cutting``) balances groups up to the granularity of samples that cannot be
 cut (short ones, or ones whose pieces would fall under the minimum slice). This MILP takes the
 heuristic's groups as a warm start and re-assigns every whole sample among the groups within
 ``window`` of its own, minimising the total overload above the mean group cost (every group that
@@ -18,13 +18,32 @@ Must not import torch.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import highspy
 import numpy as np
 
 from slimpack.plan.types import Slice
+
+
+@cache
+def _silence_highs_banner() -> None:
+    """HiGHS writes its copyright banner to the process's stdout (C level, before any option can be
+    set) the first time a solver is made; make that first one with stdout pointed at /dev/null so
+    ``slimpack compare`` output stays the user's table."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +97,7 @@ def rebalance(groups: Sequence[Sequence[Slice]], group_cost: Callable[[Sequence[
     cols = [(j, g) for j, (home, _) in enumerate(movable)
             for g in range(home - window, home + window + 1) if g in column_of]
     num_x, num_e = len(cols), len(active)
+    _silence_highs_banner()
     h = highspy.Highs()
     for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
                           ("time_limit", max(1e-3, time_limit_s)), ("mip_max_nodes", node_limit),
