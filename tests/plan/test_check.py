@@ -189,9 +189,16 @@ def test_hand_made_errors_are_named(edit, fragment):
     _rejected(edit(_two_sample_plan()), fragment)
 
 
-def test_interleaving_an_asymmetric_plan_is_a_schedule_error():
+def test_an_interleaved_asymmetric_plan_gets_a_list_scheduled_order_that_checks():
+    """A sliced sample with reversed backward groups under vpp 2: interleaved 1F1B cannot run it, so
+    the default order is the list-scheduled one; it runs every action once and does not deadlock."""
     forward = ((Slice(0, 0, 5),), (Slice(0, 5, 10),))
     pipe = PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=forward[::-1])
-    # the default order is resolved when the plan is made, so that is where it is refused
-    with pytest.raises(ScheduleError, match=r"pipelines\[0\]: interleaved schedules"):
-        Plan(config=config(pp=2, vpp=2), strategy="test", samples=(Sample(id=0, length=10),), pipelines=(pipe,))
+    plan = Plan(config=config(pp=2, vpp=2), strategy="test", samples=(Sample(id=0, length=10),), pipelines=(pipe,))
+    check_plan(plan)
+    order = plan.pipelines[0].order
+    # the slice chain: F0 before F1 on every chunk, B of the later slice (group 0) before B1
+    for stage in order:
+        for chunk in (0, 1):
+            assert stage.index(Action("F", 0, chunk)) < stage.index(Action("F", 1, chunk))
+            assert stage.index(Action("B", 0, chunk)) < stage.index(Action("B", 1, chunk))

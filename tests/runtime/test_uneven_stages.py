@@ -42,3 +42,22 @@ def test_uneven_plans_match_the_reference_in_float64(strategy, pp, dp, vpp, stag
     assert result.model.num_layers == sum(stage_layers)
     assert result.loss_error < 1e-12
     assert result.max_grad_error < 1e-10
+
+
+def test_an_interleaved_sliced_asymmetric_plan_runs_exactly_in_its_list_scheduled_order():
+    """pp 2 x vpp 2 with slices and reversed backward groups: the runtime follows the plan's
+    list-scheduled order (``schedule.list_scheduling``) and matches the unsliced reference."""
+    from slimpack.plan.types import PipelinePlan, Plan, Slice
+
+    config = build_config(model="tiny", parallel=ParallelConfig(pp=2, virtual_stages=2),
+                          train=TrainConfig(max_context=96, global_batch_tokens=384, recompute="none"))
+    forward = ((Slice(0, 0, 40), Slice(1, 0, 30)), (Slice(0, 40, 96), Slice(2, 0, 20)), (Slice(1, 30, 60),))
+    backward = ((Slice(1, 30, 60), Slice(0, 40, 96)), (Slice(2, 0, 20), Slice(1, 0, 30)), (Slice(0, 0, 40),))
+    plan = Plan(config=config, strategy="test", samples=(Sample(id=0, length=96), Sample(id=1, length=60),
+                                                          Sample(id=2, length=20)),
+                pipelines=(PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=backward),))
+    assert any(a.chunk == 1 for a in plan.pipelines[0].order[0])  # the default order, resolved at creation
+    result = verify_plan(plan, model="tiny", dtype=torch.float64)
+    assert result.ordered_pipelines == 1 and result.asymmetric_pipelines == 1
+    assert result.loss_error < 1e-12
+    assert result.max_grad_error < 1e-10

@@ -91,7 +91,7 @@ def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, 
         plan = make_planner("slimpack", config).plan(batch, step=0)
     except UserError as exc:
         assert not baseline_steps, f"slimpack found nothing while a baseline fits: {exc}"
-        assert "raise tp, cp or pp" in str(exc) or "interleaved 1F1B needs at least pp" in str(exc)
+        assert "raise tp, cp or pp" in str(exc)
         return
     check_plan(plan)
     result = simulate(plan)
@@ -120,14 +120,20 @@ def test_when_nothing_fits_one_error_says_what_would():
         make_planner("slimpack", config).plan(_batch([262144]), step=0)
 
 
-def test_interleaved_layouts_get_whole_sample_cost_balanced_groups():
+def test_interleaved_layouts_get_sliced_groups_and_beat_whole_samples():
+    """Under vpp 2 with 10 samples of which one fills the context: the list-scheduled order lets
+    SlimPack slice (here 8 symmetric groups, 0.889 s simulated) where whole samples in Megatron's
+    interleaved 1F1B took 0.998 s (2 groups: the long sample is its own group). The baselines
+    cannot plan this batch at all (3 micro-batches, not a multiple of pp)."""
     config = _config(pp=2, dp=1, vpp=2, context=32768)
     batch = _batch([32768, 20000, 9000, 7000, 5000, 3000, 2500, 1200, 800, 300])
     plan = make_planner("slimpack", config).plan(batch, step=0)
     check_plan(plan)
-    for pipe in plan.pipelines:
-        assert pipe.symmetric and len(pipe.forward) % 2 == 0
-        assert all(s.start == 0 for g in pipe.forward for s in g)  # no slicing under interleaving
+    assert any(s.start > 0 for pipe in plan.pipelines for g in pipe.forward for s in g)  # sliced
+    result = simulate(plan)
+    assert not result.oom and result.step_time_s < 0.9
+    whole = dataclasses.replace(config, planner=dataclasses.replace(config.planner, use_slicing=False))
+    assert result.step_time_s < 0.9 * simulate(make_planner("slimpack", whole).plan(batch, step=0)).step_time_s
 
 
 def test_a_stage_never_holds_more_than_the_smallest_cap_before_it():

@@ -59,6 +59,49 @@ def _check_actions(order: tuple[tuple[Action, ...], ...], num_forward: int, num_
         raise ScheduleError(f"{where}: stage {stage} never runs {example} ({len(missing)} action(s) missing)")
 
 
+ActionKey = tuple[str, int, int]
+"""An action as the graph keys it: (kind, group, virtual stage)."""
+
+
+def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *,
+                 num_vstages: int) -> dict[ActionKey, list[tuple[ActionKey, int]]]:
+    """Every action's predecessors other than its device's previous action: (key, P2P or DEP). The
+    rule for any order, so the graph builder and the schedule builders read it from here."""
+    preds: dict[ActionKey, list[tuple[ActionKey, int]]] = {}
+    last = num_vstages - 1
+    for kind, groups in (("F", forward), ("B", backward)):
+        for vstage in range(num_vstages):
+            source = input_source(kind, vstage, num_vstages)
+            for group in range(len(groups)):
+                preds[(kind, group, vstage)] = [] if source is None else [((kind, group, source), P2P)]
+    # data dependencies between slices of one sample, on every virtual stage
+    f_group = {(sid, start): g for g, grp in enumerate(forward) for sid, start, _ in grp}
+    b_group = {(sid, start): g for g, grp in enumerate(backward) for sid, start, _ in grp}
+    chains: dict[int, list[int]] = {}
+    for sample_id, start in f_group:
+        chains.setdefault(sample_id, []).append(start)
+    dep_pairs_f: set[tuple[int, int]] = set()
+    dep_pairs_b: set[tuple[int, int]] = set()
+    for sample_id, starts in chains.items():
+        starts.sort()
+        for a, b in zip(starts, starts[1:], strict=False):
+            fa, fb = f_group[(sample_id, a)], f_group[(sample_id, b)]
+            if fa != fb:
+                dep_pairs_f.add((fa, fb))  # F(fb) after F(fa)
+            ba, bb = b_group[(sample_id, a)], b_group[(sample_id, b)]
+            if ba != bb:
+                dep_pairs_b.add((bb, ba))  # B(ba) after B(bb)
+    pairs_f, pairs_b = sorted(dep_pairs_f), sorted(dep_pairs_b)
+    for vstage in range(num_vstages):
+        for before, after in pairs_f:
+            preds[("F", after, vstage)].append((("F", before, vstage), DEP))
+        for before, after in pairs_b:
+            preds[("B", after, vstage)].append((("B", before, vstage), DEP))
+    for fg, bg in sorted({(f_group[key], b_group[key]) for key in f_group}):
+        preds[("B", bg, last)].append((("F", fg, last), DEP))
+    return preds
+
+
 def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,
                 pp: int, chunks: int, where: str = "pipeline") -> ActionGraph:
     """The graph of ``order`` over a pipeline's ``forward`` and ``backward`` groups. Raises
@@ -67,7 +110,6 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
         raise ScheduleError(f"{where}: order has {len(order)} stage(s), the layout has pp={pp}")
     _check_actions(order, len(forward), len(backward), chunks, where)
     nodes = [(device, action) for device, actions in enumerate(order) for action in actions]
-    # (kind, group, virtual stage) -> node
     index = {(kind, group, chunk * pp + device): node
              for node, (device, (kind, group, chunk)) in enumerate(nodes)}
     preds: list[list[tuple[int, int]]] = [[] for _ in nodes]
@@ -76,36 +118,8 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
         for node in range(pos + 1, pos + len(actions)):
             preds[node].append((node - 1, SEQ))
         pos += len(actions)
-    last = pp * chunks - 1
-    for (kind, group, vstage), node in index.items():
-        source = input_source(kind, vstage, last + 1)
-        if source is not None:
-            preds[node].append((index[(kind, group, source)], P2P))
-    # data dependencies between slices of one sample, on every virtual stage
-    f_group = {(sid, start): g for g, grp in enumerate(forward) for sid, start, _ in grp}
-    b_group = {(sid, start): g for g, grp in enumerate(backward) for sid, start, _ in grp}
-    chains: dict[int, list[tuple[int, int]]] = {}
-    for sample_id, start in f_group:
-        chains.setdefault(sample_id, []).append((start, sample_id))
-    dep_pairs_f: set[tuple[int, int]] = set()
-    dep_pairs_b: set[tuple[int, int]] = set()
-    for sample_id, starts in chains.items():
-        starts.sort()
-        for (a, _), (b, _) in zip(starts, starts[1:], strict=False):
-            fa, fb = f_group[(sample_id, a)], f_group[(sample_id, b)]
-            if fa != fb:
-                dep_pairs_f.add((fa, fb))  # F(fb) after F(fa)
-            ba, bb = b_group[(sample_id, a)], b_group[(sample_id, b)]
-            if ba != bb:
-                dep_pairs_b.add((bb, ba))  # B(ba) after B(bb)
-    for vstage in range(last + 1):
-        for before, after in dep_pairs_f:
-            preds[index[("F", after, vstage)]].append((index[("F", before, vstage)], DEP))
-        for before, after in dep_pairs_b:
-            preds[index[("B", after, vstage)]].append((index[("B", before, vstage)], DEP))
-    last_pairs = {(f_group[key], b_group[key]) for key in f_group}
-    for fg, bg in last_pairs:
-        preds[index[("B", bg, last)]].append((index[("F", fg, last)], DEP))
+    for key, before in dependencies(forward, backward, num_vstages=pp * chunks).items():
+        preds[index[key]].extend((index[pred], kind) for pred, kind in before)
     return ActionGraph(pp=pp, chunks=chunks, nodes=nodes, preds=preds)
 
 

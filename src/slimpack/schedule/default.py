@@ -8,6 +8,7 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -19,6 +20,7 @@ from slimpack.schedule.builders import (
     interleaved_1f1b,
     one_f_one_b,
 )
+from slimpack.schedule.list_scheduling import list_schedule
 
 
 def activation_cap_tokens(config: Config, cost: CostModel, *, cp: int, largest_group_tokens: float
@@ -41,15 +43,15 @@ def default_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
                   config: Config, cost: CostModel, where: str = "pipeline") -> Order:
     """1F1B (interleaved when the layout has virtual stages) for symmetric groups, exactly as
     Megatron runs it (no memory throttling: a plan that does not fit is reported as OOM); the
-    dependency-aware 1F1B otherwise, holding at most the memory cap of activations in flight."""
+    dependency-aware 1F1B otherwise, holding at most the memory cap of activations in flight, or
+    under interleaving the list-scheduled order (``interleaved_order``)."""
     pp, chunks = config.parallel.pp, config.parallel.virtual_stages
     num = len(forward)
     symmetric = tuple(map(tuple, forward)) == tuple(map(tuple, backward))
     if chunks > 1:
         if not symmetric:
-            raise ScheduleError(f"{where}: interleaved schedules (virtual_stages > 1) need identical forward "
-                                f"and backward groups")
-        if num % pp:
+            return interleaved_order(forward, backward, cp=cp, config=config, cost=cost)
+        if num % pp:  # Megatron's constraint, kept for the baselines that run its schedule
             raise ScheduleError(f"{where}: interleaved 1F1B needs a multiple of pp={pp} groups per pipeline, "
                                 f"got {num}")
         return interleaved_1f1b(num, pp, chunks)
@@ -62,3 +64,32 @@ def default_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
                                  largest_group_tokens=max(forward_tokens + backward_tokens, default=0))
     return dependency_aware(need, num_forward=num, pp=pp, forward_tokens=forward_tokens,
                             backward_tokens=backward_tokens, cap_tokens=caps)
+
+
+def interleaved_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *, cp: int,
+                      config: Config, cost: CostModel) -> Order:
+    """The list-scheduled order (``schedule.list_scheduling``) of a pipeline over its virtual stages,
+    with the cost model's time of each group on each model chunk and each device's memory cap:
+    usable memory less its model states and the working set of the pipeline's largest group."""
+    pp, chunks = config.parallel.pp, config.parallel.virtual_stages
+    groups = {"F": forward, "B": backward}
+    tokens = {kind: [sum(end - start for _, start, end in g) for g in grps] for kind, grps in groups.items()}
+    working = cost.working_bytes(max(tokens["F"] + tokens["B"], default=0), cp=cp)
+    caps = [config.cluster.usable_memory_bytes - cost.model_state_bytes(device) - working for device in range(pp)]
+    per_token = [cost.activation_bytes(1.0, virtual_stage=v, cp=cp) for v in range(pp * chunks)]
+
+    shapes = [cost.chunk_shape(v) for v in range(pp * chunks)]
+    like = [shapes.index(shape) for shape in shapes]  # the first virtual stage of the same shape
+
+    @cache  # virtual stages of one shape (layers, embedding, head) take the same time
+    def time_on(kind: str, group: int, shape_stage: int) -> float:
+        slices = groups[kind][group]
+        return cost.group_time([end - start for _, start, end in slices], [start for _, start, _ in slices],
+                               virtual_stage=shape_stage, backward=kind == "B", cp=cp)
+
+    def duration(key: tuple[str, int, int]) -> float:
+        kind, group, vstage = key
+        return time_on(kind, group, like[vstage])
+
+    return list_schedule(forward, backward, pp=pp, chunks=chunks, duration=duration,
+                         kept_bytes=lambda key: tokens[key[0]][key[1]] * per_token[key[2]], cap_bytes=caps)

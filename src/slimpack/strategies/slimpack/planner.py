@@ -27,12 +27,11 @@ from typing import Any
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
-from slimpack.errors import UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
 from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
-from slimpack.schedule.default import activation_cap_tokens
+from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import simulate
-from slimpack.strategies.slimpack.candidates import baseline_plans, fastest_fitting, safest_plan
+from slimpack.strategies.slimpack.candidates import safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.memory import fits
@@ -66,10 +65,6 @@ class MilpBudget:
     results: list[MilpResult] = field(default_factory=list)
 
 
-class InterleavingError(UserError):
-    """A pipeline got fewer whole samples than interleaved 1F1B needs groups."""
-
-
 class SlimPackPlanner:
     name = "slimpack"
 
@@ -81,7 +76,6 @@ class SlimPackPlanner:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.interleaved = config.parallel.virtual_stages > 1
         self.cost = CostModel(config)
         knobs = config.planner
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
@@ -148,7 +142,7 @@ class SlimPackPlanner:
         slower (the MILP balances group costs; the simulator also sees what that does to the
         schedule)."""
         heuristic = self._memo_pipeline(bin_, samples, shape)
-        if milp is None or not heuristic.forward or self.interleaved:
+        if milp is None or not heuristic.forward:
             return heuristic
         if time.perf_counter() >= milp.deadline:
             milp.results.append(MilpResult([], "out of time", 0.0, 0.0))
@@ -184,8 +178,6 @@ class SlimPackPlanner:
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
-        if self.interleaved:
-            return self._interleaved(bin_, pieces, shape, cp)
         rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
         forward = cut_into_groups(pieces, shape.num_groups, forward_cost, rules)
@@ -202,27 +194,16 @@ class SlimPackPlanner:
         return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd,
                             order=self._order(fwd, bwd, cp, shape.lookahead))
 
-    def _interleaved(self, bin_: Bin, pieces: Sequence[Slice], shape: Shape, cp: int) -> PipelinePlan:
-        """Under interleaving (virtual stages) the pipeline runs Megatron's interleaved 1F1B, which
-        runs backward groups in forward order and needs a multiple of pp groups: so whole samples
-        in symmetric groups of equal forward cost, as many as the shape asks, rounded down to a
-        multiple of pp. (A dependency-aware schedule over virtual stages, which would let sliced
-        samples and asymmetric groups run interleaved, is not built yet.)"""
-        par = self.config.parallel
-        forward_cost, _ = self._slice_costs(shape.head_weight)
-        rules = dataclasses.replace(self.rules, can_cut=False)
-        num_groups = min(shape.num_groups, len(pieces)) // par.pp * par.pp
-        if num_groups == 0:
-            raise InterleavingError(f"slimpack: interleaved 1F1B needs at least pp = {par.pp} samples per pipeline, "
-                            f"a pipeline got {len(pieces)}; use a smaller --pp or --vpp 1, or a larger batch")
-        groups = tuple(tuple(g) for g in cut_into_groups(pieces, num_groups, forward_cost, rules))
-        assert len(groups) == num_groups, "whole samples cut into fewer groups than samples"
-        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=groups, backward=groups,
-                            order=interleaved_1f1b(num_groups, par.pp, par.virtual_stages))
-
     def _order(self, forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]], cp: int,
                lookahead: int) -> tuple:
-        """The dependency-aware order under each stage's memory cap."""
+        """The dependency-aware order under each stage's memory cap. Under interleaving: Megatron's
+        interleaved 1F1B for symmetric groups in rounds of pp, else the list-scheduled order, which
+        runs any groups (sliced samples, asymmetric backward, any count)."""
+        par = self.config.parallel
+        if par.virtual_stages > 1:
+            if forward == backward and len(forward) % par.pp == 0:
+                return interleaved_1f1b(len(forward), par.pp, par.virtual_stages)
+            return interleaved_order(forward, backward, cp=cp, config=self.config, cost=self.cost)
         forward_tokens = [sum(s.tokens for s in g) for g in forward]
         backward_tokens = [sum(s.tokens for s in g) for g in backward]
         caps = activation_cap_tokens(self.config, self.cost, cp=cp,
@@ -277,10 +258,8 @@ class SlimPackPlanner:
             return min(scores, key=lambda c: (rank(scores[c]), c))
 
         knobs = self.config.planner
-        if self.interleaved:  # whole samples, symmetric groups (see _interleaved)
-            best = evaluate({Shape(min(limit, m * pp), SYMMETRIC, False) for m in GROUPS_PER_STAGE})
-            evaluate({best._replace(num_groups=max(pp, round(best.num_groups * f / pp) * pp)) for f in (0.7, 1.4)})
-            return scores
+        # the look-ahead is a knob of the dependency-aware 1F1B; the interleaved orders have none
+        lookaheads = LOOKAHEADS if knobs.use_lookahead and self.config.parallel.virtual_stages == 1 else (0,)
         modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
         if seed is not None:
             best = evaluate({seed._replace(num_groups=max(1, min(limit, round(seed.num_groups * f))))
@@ -289,13 +268,13 @@ class SlimPackPlanner:
             if knobs.use_slicing:
                 others.add(best._replace(slicing=not best.slicing, backward=SYMMETRIC if best.slicing else ASYMMETRIC))
             best = evaluate(others)
-            evaluate({best._replace(lookahead=la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
+            evaluate({best._replace(lookahead=la) for la in lookaheads})
             return scores
         best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
             best = evaluate({best, best._replace(backward=BOUNDED)})
-        best = evaluate({best._replace(lookahead=la) for la in (LOOKAHEADS if knobs.use_lookahead else (0,))})
+        best = evaluate({best._replace(lookahead=la) for la in lookaheads})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
         if knobs.use_slicing:
@@ -338,20 +317,6 @@ class SlimPackPlanner:
 
     # ---- the step -------------------------------------------------------------------------
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
-        try:
-            return self._plan(batch, step=step)
-        except InterleavingError as exc:
-            # a replica got fewer whole samples than interleaving needs groups: SlimPack has no
-            # plan of its own here, the fastest baseline candidate that fits runs instead
-            found = fastest_fitting(baseline_plans(batch, step, self.config), self.cost)
-            if found is None:
-                raise UserError(str(exc)) from None
-            plan = found[0]
-            return dataclasses.replace(plan, strategy=self.name,
-                                       info={"candidate": plan.strategy, "slimpack": str(exc),
-                                             plan.strategy: dict(plan.info)})
-
-    def _plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
         self._built.clear()  # keys hold indices into this step's batch
         samples = list(batch)
@@ -366,7 +331,7 @@ class SlimPackPlanner:
         best = None
         tried = 0
         layouts: set[tuple] = set()
-        seed = self._seed if step % FULL_SEARCH_EVERY and not self.interleaved else None
+        seed = self._seed if step % FULL_SEARCH_EVERY else None
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
             bins = balance(loads, par.dp, merges)
