@@ -15,12 +15,18 @@ Must not import torch.
 from slimpack.data.dataset import Dataset, bundled_datasets, bundled_path, load_dataset
 from slimpack.data.loaders import SUFFIXES, load_lengths
 from slimpack.data.sampler import Batch, GlobalBatchSampler, Sample, SamplerConfig, sample_batches
-from slimpack.data.stats import LONG_DOC_TOKENS, DatasetStats, dataset_stats
+from slimpack.data.stats import (
+    LONG_DOC_TOKENS,
+    ContextCut,
+    DatasetStats,
+    context_cut,
+    dataset_stats,
+)
 from slimpack.data.synthetic import SyntheticConfig, parse_synthetic, synthetic_lengths
 
 __all__ = [
-    "LONG_DOC_TOKENS", "SUFFIXES", "Batch", "Dataset", "DatasetStats", "GlobalBatchSampler",
+    "LONG_DOC_TOKENS", "SUFFIXES", "Batch", "ContextCut", "Dataset", "DatasetStats", "GlobalBatchSampler",
     "Sample", "SamplerConfig", "SyntheticConfig", "bundled_datasets", "bundled_path",
-    "dataset_stats", "load_dataset", "load_lengths", "parse_synthetic", "sample_batches",
+    "context_cut", "dataset_stats", "load_dataset", "load_lengths", "parse_synthetic", "sample_batches",
     "synthetic_lengths",
 ]
