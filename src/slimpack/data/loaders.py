@@ -214,12 +214,19 @@ def _check_array(array: np.ndarray, path: Path) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _read_parquet(path: Path, column: str | None) -> np.ndarray:
+def require_pyarrow(what: str) -> None:
+    """Refuse in one line when pyarrow (an optional extra) is missing."""
     try:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
+        import pyarrow  # noqa: F401
     except ImportError:
-        raise UserError(f"{path}: reading Parquet needs pyarrow: install slimpack[parquet]") from None
+        raise UserError(f"{what} needs pyarrow: install slimpack[parquet]") from None
+
+
+def _read_parquet(path: Path, column: str | None) -> np.ndarray:
+    require_pyarrow(f"{path}: reading Parquet")
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     try:
         schema = pq.read_schema(path)
         name = schema.names[_pick_column(list(schema.names), column, path, PARQUET_COLUMNS)]
@@ -287,3 +294,26 @@ _READERS: dict[str, Callable[[Path, str | None], np.ndarray]] = {
 
 SUFFIXES: tuple[str, ...] = tuple(sorted(_READERS))
 """File suffixes :func:`load_lengths` understands."""
+WRITABLE_SUFFIXES: tuple[str, ...] = (".csv", ".npy", ".txt")
+"""File suffixes :func:`save_lengths` writes."""
+
+
+def check_length_file_name(path: str | Path) -> str:
+    """The suffix of a length file to write, refused unless :func:`save_lengths` writes it."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in WRITABLE_SUFFIXES:
+        raise UserError(f"{path}: a length file must end in {', '.join(WRITABLE_SUFFIXES)}")
+    return suffix
+
+
+def save_lengths(lengths: np.ndarray, path: str | Path) -> None:
+    """Write lengths so that :func:`load_lengths` reads them back: ``.npy`` (int64), ``.csv`` (a
+    ``length`` column) or ``.txt`` (one per line)."""
+    path = Path(path)
+    suffix = check_length_file_name(path)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if suffix == ".npy":
+        np.save(path, lengths)
+    else:
+        header = "length\n" if suffix == ".csv" else ""
+        path.write_text(header + "".join(f"{n}\n" for n in lengths.tolist()))
