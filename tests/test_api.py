@@ -64,10 +64,11 @@ def test_plan_batch_plans_exactly_the_lengths_given():
         result.ideal_time_s / result.step_time_s)
 
 
-def test_plan_step_is_what_slimpack_plan_writes(cli, tmp_path):
+def test_plan_step_is_what_slimpack_plan_writes(cli, tmp_path, capsys):
     argv = ["--dataset", "pydocs", "--max-context", "32K", "--global-batch-tokens", "512K", "--tp", "8",
             "--pp", "2", "--dp", "2"]
     assert cli(["plan", "--strategy", "kk", "--step", "2", *argv, "-o", str(tmp_path / "p.json")]) == 0
+    assert "pydocs: 4 of 497 documents longer than the 32768-token context" in " ".join(capsys.readouterr().err.split())
     config = api.configure(tp=8, pp=2, dp=2, max_context=32768, global_batch_tokens=2**19)
     planned = api.plan_step("pydocs", config, "kk", step=2)
     assert plan_to_dict(planned.plan) == json.loads((tmp_path / "p.json").read_text())
