@@ -82,3 +82,15 @@ def test_compare_follows_the_window_protocol():
     assert [(s.step, s.phase) for s in fixed.steps] == [(2, "window"), (3, "window"), (4, "window")]
     assert [s.phase for s in wlb.steps][:5] == ["warmup", "warmup", "window", "window", "window"]
     assert comparison.context_cut.num_cut_docs == 4 and comparison.table()[0].speedup_vs_fixed == 1.0
+
+
+def test_tune_finds_the_layout_slimpack_tune_writes(cli, tmp_path):
+    # 2 GPUs, 16K context: a small search; the API and the command give the same winning config
+    base = api.configure(model="llama2-7b", max_context=16384, global_batch_tokens=2**17)
+    result = api.tune("wikipedia", base, 2, ["fixed", "kk"])
+    assert {s.strategy for s in result.strategies} == {"fixed", "kk"}
+    winner = result.best_config()
+    assert winner is not None and winner.parallel.num_devices == 2
+    assert cli(["tune", "--gpus", "2", "--model", "llama2-7b", "--max-context", "16K", "--global-batch-tokens",
+                "128K", "--strategies", "fixed,kk", "--workers", "1", "--output", str(tmp_path / "w.json")]) == 0
+    assert api.load_config(tmp_path / "w.json") == winner

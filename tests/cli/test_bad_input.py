@@ -74,11 +74,15 @@ def text_files(tmp_path):
     (tmp_path / "badtok").mkdir()
     (tmp_path / "badtok" / "tokenizer.json").write_text('{"model": 3}')
     (tmp_path / "notext.jsonl").write_text('{"body": "the cat"}\n')
+    (tmp_path / "broken.parquet").write_text("not parquet")
+    (tmp_path / "brokenarrow").mkdir()
+    (tmp_path / "brokenarrow" / "data-00000-of-00001.arrow").write_text("not arrow")
     pq.write_table(pa.table({"text": ["a b", "c"], "input_ids": [[1, 2], [3]]}), tmp_path / "tokens.parquet")
     return {"TOK": str(tokenizer), "SAVED": str(saved), "EMPTY": str(tmp_path / "empty"),
             "NOTOK": str(tmp_path / "notok"), "BADTOK": str(tmp_path / "badtok"),
             "NOTEXT": str(tmp_path / "notext.jsonl"), "TOKENS": str(tmp_path / "tokens.parquet"),
-            "OUT": str(tmp_path / "out.npy")}
+            "OUT": str(tmp_path / "out.npy"), "BROKENPQ": str(tmp_path / "broken.parquet"),
+            "BROKENARROW": str(tmp_path / "brokenarrow")}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -90,6 +94,9 @@ def text_files(tmp_path):
     (["lengths", "EMPTY", "--tokenizer", "TOK", "-o", "OUT"], "no state.json nor .arrow files"),
     (["lengths", "NOTEXT", "--tokenizer", "TOK", "-o", "OUT"], "line 1: no text under key 'text'"),
     (["lengths", "TOKENS", "--tokenizer", "TOK", "-o", "OUT", "--split", "x"], "--split applies to a datasets directory"),
+    (["lengths", "TOKENS", "--tokenizer", "TOK", "-o", "OUT", "--text-column", "input_ids"], "column 'input_ids' has type list<"),
+    (["lengths", "BROKENPQ", "--tokenizer", "TOK", "-o", "OUT"], "not a readable Parquet file"),
+    (["lengths", "BROKENARROW", "--tokenizer", "TOK", "-o", "OUT"], "not a readable arrow file"),
     (["compare", "--dataset", "TOKENS", "--column", "nope"], "no column 'nope'; columns: ['text', 'input_ids']"),
     (["plan", "--dataset", "TOKENS", "--column", "text"], "column 'text' has type string; expected integers or token lists"),
     (["tune", "--gpus", "8", "--dataset", "TOKENS", "--column", "nope"], "no column 'nope'"),
