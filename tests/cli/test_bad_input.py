@@ -122,6 +122,7 @@ def test_dataset_inputs(cli, capsys, tmp_path, text_files, argv, message):
     (["train", "--trace-dir", "/sys/slimpack-traces"], "--trace-dir /sys/slimpack-traces: cannot write there"),
     (["train", "--log-json", "/proc/x/log.json"], "--log-json /proc/x/log.json: cannot write there"),
     (["train", "--pp", "2"], "needs 2 processes"),
+    (["fidelity", "--dataset", "OBJ", "--column", "n"], "a .npy file has no columns (got column='n')"),
 ])
 def test_runtime_commands(cli, capsys, tmp_path, files, argv, message, monkeypatch):
     torch = pytest.importorskip("torch")

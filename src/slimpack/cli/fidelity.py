@@ -16,6 +16,7 @@ from slimpack.cli.common import (
     add_dataset_arguments,
     add_planner_arguments,
     config_from_args,
+    context_note,
     dataset_from_args,
     non_negative_int,
     positive_float,
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("fidelity runs tp = 1 (the runtime's tensor parallelism has no sequence parallelism, "
                         "which the cost model's activation memory assumes)")
     dataset = TextCorpus.stdlib().dataset() if args.dataset == "stdlib" else dataset_from_args(args)
+    if not args.json:
+        print(context_note(dataset, config), flush=True)
     rows = []
     for name in strategies:
         rows.append(fidelity_row(config, dataset, name, step=args.step, repeats=args.repeats, threads=args.threads,
