@@ -23,6 +23,7 @@ LAYERS = (
     ("strategies",),  # planners simulate candidate plans
     ("compare",),
     ("tune",),  # searches layouts by comparing strategies
+    ("api",),  # the Python API: a front for the jobs below (the CLI calls it too)
     ("runtime",),  # torch
     ("integrations",),  # framework adapters; lazily use the runtime's planning loader
     ("cli",),

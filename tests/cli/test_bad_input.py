@@ -13,6 +13,7 @@ from slimpack.compare import report as report_module
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
 from slimpack.plan import save_plan
+from text_fixtures import write_saved_dataset, write_tokenizer
 
 SMALL_COMPARE = ["compare", "--dataset", "pydocs", "--max-context", "32K", "--global-batch-tokens", "256K",
                  "--tp", "8", "--pp", "2", "--dp", "2", "--warmup", "0", "--steps", "1", "--strategies", "fixed"]
@@ -61,6 +62,50 @@ def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     _bad_input(cli, capsys, tmp_path, [files.get(a, a) for a in argv], message)
 
 
+@pytest.fixture
+def text_files(tmp_path):
+    """A tokenizer, a saved dataset, a tokenized Parquet file and broken variants (issue 17's inputs)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    tokenizer = write_tokenizer(tmp_path / "tok")
+    saved = write_saved_dataset(tmp_path / "saved", ["the cat", "sat"])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notok").mkdir()
+    (tmp_path / "badtok").mkdir()
+    (tmp_path / "badtok" / "tokenizer.json").write_text('{"model": 3}')
+    (tmp_path / "notext.jsonl").write_text('{"body": "the cat"}\n')
+    (tmp_path / "broken.parquet").write_text("not parquet")
+    (tmp_path / "brokenarrow").mkdir()
+    (tmp_path / "brokenarrow" / "data-00000-of-00001.arrow").write_text("not arrow")
+    pq.write_table(pa.table({"text": ["a b", "c"], "input_ids": [[1, 2], [3]]}), tmp_path / "tokens.parquet")
+    return {"TOK": str(tokenizer), "SAVED": str(saved), "EMPTY": str(tmp_path / "empty"),
+            "NOTOK": str(tmp_path / "notok"), "BADTOK": str(tmp_path / "badtok"),
+            "NOTEXT": str(tmp_path / "notext.jsonl"), "TOKENS": str(tmp_path / "tokens.parquet"),
+            "OUT": str(tmp_path / "out.npy"), "BROKENPQ": str(tmp_path / "broken.parquet"),
+            "BROKENARROW": str(tmp_path / "brokenarrow")}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["lengths", "SAVED", "--tokenizer", "NOTOK", "-o", "OUT"], "no tokenizer.json"),
+    (["lengths", "SAVED", "--tokenizer", "BADTOK", "-o", "OUT"], "not a readable tokenizer.json"),
+    (["lengths", "SAVED", "--tokenizer", "TOK", "-o", "lengths.json"], "a length file must end in .csv, .npy, .txt"),
+    (["lengths", "SAVED", "--tokenizer", "TOK", "-o", "OUT", "--split", "train"], "not a DatasetDict directory"),
+    (["lengths", "SAVED", "--tokenizer", "TOK", "-o", "OUT", "--text-column", "id"], "column 'id' has type int64, not text"),
+    (["lengths", "EMPTY", "--tokenizer", "TOK", "-o", "OUT"], "no state.json nor .arrow files"),
+    (["lengths", "NOTEXT", "--tokenizer", "TOK", "-o", "OUT"], "line 1: no text under key 'text'"),
+    (["lengths", "TOKENS", "--tokenizer", "TOK", "-o", "OUT", "--split", "x"], "--split applies to a datasets directory"),
+    (["lengths", "TOKENS", "--tokenizer", "TOK", "-o", "OUT", "--text-column", "input_ids"], "column 'input_ids' has type list<"),
+    (["lengths", "BROKENPQ", "--tokenizer", "TOK", "-o", "OUT"], "not a readable Parquet file"),
+    (["lengths", "BROKENARROW", "--tokenizer", "TOK", "-o", "OUT"], "not a readable arrow file"),
+    (["compare", "--dataset", "TOKENS", "--column", "nope"], "no column 'nope'; columns: ['text', 'input_ids']"),
+    (["plan", "--dataset", "TOKENS", "--column", "text"], "column 'text' has type string; expected integers or token lists"),
+    (["tune", "--gpus", "8", "--dataset", "TOKENS", "--column", "nope"], "no column 'nope'"),
+    (["datasets", "--max-context", "0"], "expected a positive integer"),
+])
+def test_dataset_inputs(cli, capsys, tmp_path, text_files, argv, message):
+    _bad_input(cli, capsys, tmp_path, [text_files.get(a, a) for a in argv], message)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["verify", "--plan", "BIN"], "is not a JSON text file"),
     (["verify", "--plan", "PLAN", "--device", "cuda"], "this torch sees no CUDA device"),
@@ -77,6 +122,7 @@ def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     (["train", "--trace-dir", "/sys/slimpack-traces"], "--trace-dir /sys/slimpack-traces: cannot write there"),
     (["train", "--log-json", "/proc/x/log.json"], "--log-json /proc/x/log.json: cannot write there"),
     (["train", "--pp", "2"], "needs 2 processes"),
+    (["fidelity", "--dataset", "OBJ", "--column", "n"], "a .npy file has no columns (got column='n')"),
 ])
 def test_runtime_commands(cli, capsys, tmp_path, files, argv, message, monkeypatch):
     torch = pytest.importorskip("torch")

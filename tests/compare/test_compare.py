@@ -107,6 +107,11 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
     assert f"| slimpack | {tokens} |" in markdown and f" {efficiency} |" in markdown
     assert tokens in terminal and efficiency in terminal
     assert "wlb held" in terminal and "Drain after the window" in markdown
+    # pydocs at a 32K context: 4 documents of 34K-52K tokens, each cut in two; said in the table, JSON, report
+    cut = "4 of 497 documents longer than the 32768-token context cut into 32768-token chunks (+4 samples"
+    assert data["context_cut"] == {"max_context": 32768, "num_docs": 497, "num_cut_docs": 4,
+                                   "num_extra_samples": 4, "num_dropped_tokens": 0}
+    assert cut in " ".join(terminal.split()) and cut in markdown
     # the title block says what the figures are and on which assumptions; the idle split is there
     assert "# slimpack comparison (simulated)" in markdown and "**Simulated**, not measured" in markdown
     assert "fa3 kernels: GEMM 0.75 of peak" in markdown and "| strategy | fill/drain |" in markdown

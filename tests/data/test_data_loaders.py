@@ -85,6 +85,22 @@ def test_parquet_integers_and_token_lists(tmp_path):
     assert load_lengths(tmp_path / "b.parquet").tolist() == [2, 1, 3]
 
 
+def test_parquet_token_list_column_found_beside_text(tmp_path):
+    # a tokenized dataset (text + input_ids + attention_mask) as Hugging Face writes it: the token
+    # list is the length, as in JSONL; a length column, when present, is preferred
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = {"text": ["a b", "c", "d e f"], "input_ids": [[5, 6], [7], [8, 9, 4]],
+            "attention_mask": [[1, 1], [1], [1, 1, 1]]}
+    pq.write_table(pa.table(rows), tmp_path / "t.parquet")
+    assert load_lengths(tmp_path / "t.parquet").tolist() == [2, 1, 3]
+    pq.write_table(pa.table({**rows, "length": [20, 10, 30]}), tmp_path / "l.parquet")
+    assert load_lengths(tmp_path / "l.parquet").tolist() == [20, 10, 30]
+    assert load_lengths(tmp_path / "l.parquet", column="input_ids").tolist() == [2, 1, 3]
+    with pytest.raises(UserError, match=r"no column 'ids'; columns: \['text'"):
+        load_lengths(tmp_path / "t.parquet", column="ids")
+
+
 # ---------------------------------------------------------------- malformed files
 
 

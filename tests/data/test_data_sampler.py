@@ -15,6 +15,7 @@ from slimpack.data import (
     Batch,
     GlobalBatchSampler,
     SamplerConfig,
+    context_cut,
     load_dataset,
     sample_batches,
 )
@@ -199,3 +200,19 @@ def test_a_restored_batch_start_needs_no_walk_and_gives_the_same_batches():
     assert restored.batch_at(5) == walked.batch_at(5)  # earlier steps still walk from the start
     with pytest.raises(UserError, match="cannot start at stream position"):
         restored.set_start(10, (0, 10**9))
+
+
+def test_context_cut_counts_what_the_sampler_does():
+    # 70000 -> 2 chunks of 64K (+1 sample), 200000 -> 4 chunks (+3); dropping instead skips both documents
+    lengths = np.array([10, 70000, 40000, 200000])
+    cut = context_cut(lengths, 65536)
+    assert (cut.num_docs, cut.num_cut_docs, cut.num_extra_samples, cut.num_dropped_tokens) == (4, 2, 4, 0)
+    assert "2 of 4 documents longer than the 65536-token context cut" in cut.describe()
+    dropped = context_cut(lengths, 65536, drop_long=True)
+    assert (dropped.num_extra_samples, dropped.num_dropped_tokens) == (0, 270000)
+    assert "270,000 tokens not trained" in dropped.describe()
+    for drop_long, samples, tokens in ((False, 8, 310010), (True, 2, 40010)):
+        sampler = GlobalBatchSampler(lengths, SamplerConfig(global_batch_tokens=65536, max_context=65536,
+                                                            drop_long=drop_long))
+        assert (sampler.samples_per_epoch, sampler.tokens_per_epoch) == (samples, tokens)
+        assert sampler.num_dropped_tokens == 310010 - tokens

@@ -12,7 +12,8 @@ import pytest
 from slimpack.cli.main import COMMANDS, main
 from slimpack.data import bundled_datasets
 
-KEYS = ["name", "count", "total_tokens", "mean", "median", "p99", "max", "share_tokens_over_32k", "source"]
+KEYS = ["name", "count", "total_tokens", "mean", "median", "p99", "max", "share_tokens_over_32k", "max_context",
+        "docs_over_context", "source"]
 
 
 def test_registered():
@@ -37,6 +38,16 @@ def test_json_has_stable_keys_and_real_values(capsys):
     assert (wikipedia["count"], wikipedia["max"], wikipedia["median"]) == (1_000_000, 1_823_777, 347.0)
     assert wikipedia["total_tokens"] == 1_013_648_780
     assert round(wikipedia["share_tokens_over_32k"], 3) == 0.076
+    assert (wikipedia["max_context"], wikipedia["docs_over_context"]) == (131072, 49)
+
+
+def test_documents_over_the_context_are_counted(tmp_path, capsys):
+    # 10 and 40000 fit 64K; 70000 and 200000 do not (200000 = 4 chunks of 65536: 3 extra samples)
+    (tmp_path / "a.txt").write_text("10\n70000\n40000\n200000\n")
+    assert main(["datasets", "--json", "--max-context", "64K", str(tmp_path / "a.txt")]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["docs_over_context"] == 2
+    assert main(["datasets", "--max-context", "32K", str(tmp_path / "a.txt")]) == 0
+    assert "32768-token" in capsys.readouterr().out
 
 
 def test_given_files_and_names(tmp_path, capsys):

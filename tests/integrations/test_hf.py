@@ -96,8 +96,10 @@ def test_sliced_plans_are_refused_or_lowered(config):
     assert list(lowered[0]) == [[(0, 0, 100)], [(1, 0, 30)]]
     assert list(lowered[1]) == [[(2, 0, 40)], [(3, 0, 20)]]
     assert lowered[0].loss_tokens(0) == 99 + 29 + 39 + 19
-    with pytest.raises(UserError, match="replica 1 holds 1 sample"):
-        PlanBatchSampler([_Step(_sliced_plan(config, (2,)))], rank=0, max_context=MAX_CONTEXT, lower=True)
+    # replica 1 holding one sample: both replicas run one micro-batch (replica 0's two are merged)
+    single = [PlanBatchSampler([_Step(_sliced_plan(config, (2,)))], rank=r, max_context=MAX_CONTEXT, lower=True)
+              for r in (0, 1)]
+    assert list(single[0]) == [[(0, 0, 100), (1, 0, 30)]] and list(single[1]) == [[(2, 0, 40)]]
 
 
 @pytest.mark.distributed

@@ -4,7 +4,6 @@ and output helpers they share."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -13,15 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from slimpack.config import (
-    CLUSTER_PRESETS,
-    MODEL_PRESETS,
-    Config,
-    TrainConfig,
-    build_config,
-    load_config,
-)
-from slimpack.config.efficiency import EFFICIENCY_PRESETS, efficiency_preset
+from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, Config
+from slimpack.config.efficiency import EFFICIENCY_PRESETS
+from slimpack.config.overrides import configure
+from slimpack.data import SUFFIXES, Dataset, bundled_datasets, context_cut, load_dataset
 from slimpack.errors import UserError
 from slimpack.plan import Plan
 
@@ -96,6 +90,27 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, tr
         group.add_argument("--seed", type=int, help=f"seed for batch sampling (default {train.seed})")
 
 
+def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str = "wikipedia",
+                          extra: str = "") -> None:
+    """--dataset and --column, spelled alike by every command that reads lengths."""
+    parser.add_argument("--dataset", default=default, metavar="D",
+                        help=f"{extra}bundled dataset ({', '.join(bundled_datasets())}), 'synthetic[:k=v,...]' or a "
+                             f"length file ({' '.join(SUFFIXES)}; `slimpack lengths` makes one from text); "
+                             f"default {default}")
+    parser.add_argument("--column", metavar="NAME",
+                        help="in a length file: the column (CSV/Parquet) or key (JSONL) holding lengths or token "
+                             "lists (default: a known name such as length, num_tokens or input_ids, or the only column)")
+
+
+def dataset_from_args(args: argparse.Namespace) -> Dataset:
+    return load_dataset(args.dataset, column=args.column)
+
+
+def context_note(dataset: Dataset, config: Config) -> str:
+    """The line every command that plans from lengths prints: what the context did to the documents."""
+    return f"{dataset.name}: {context_cut(dataset.lengths, config.train.max_context).describe()}"
+
+
 PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
                     ("asymmetric", "use_asymmetric", "regroup backward work on backward cost"),
                     ("dp-merge", "use_dp_merge", "merge replicas into a CP group for outliers"),
@@ -116,25 +131,12 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Start from --config (or the command's default) and apply the flags that were given."""
-    base = load_config(args.config) if args.config else args.config_default
-    model = args.model or base.model
-    gpu = args.gpu or base.cluster
-    parallel = _override(base.parallel, tp=args.tp, pp=args.pp, dp=args.dp, cp=args.cp,
-                         virtual_stages=args.vpp)
-    train: TrainConfig = base.train
-    if hasattr(args, "max_context"):
-        train = _override(train, max_context=args.max_context, global_batch_tokens=args.global_batch_tokens,
-                          recompute=args.recompute, seed=args.seed)
-    planner = _override(base.planner, **{field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES},
-                        milp_time_limit_s=getattr(args, "milp_time_limit_s", None))
-    efficiency = efficiency_preset(args.kernels) if getattr(args, "kernels", None) else base.efficiency
-    return build_config(model=model, gpu=gpu, parallel=parallel, train=train,
-                        efficiency=efficiency, planner=planner)
-
-
-def _override(value: Any, **changes: Any) -> Any:
-    given = {k: v for k, v in changes.items() if v is not None}
-    return dataclasses.replace(value, **given) if given else value
+    training = {name: getattr(args, name, None) for name in ("max_context", "global_batch_tokens", "recompute", "seed")}
+    planner = {field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES}
+    planner["milp_time_limit_s"] = getattr(args, "milp_time_limit_s", None)
+    return configure(args.config or args.config_default, model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp,
+                     dp=args.dp, cp=args.cp, vpp=args.vpp, kernels=getattr(args, "kernels", None),
+                     planner={k: v for k, v in planner.items() if v is not None}, **training)
 
 
 def check_output(path: str, flag: str, *, directory: bool = False) -> None:
@@ -173,5 +175,6 @@ def plan_summary(plan: Plan) -> str:
             f"{sum(s.length for s in scheduled)} tokens")
 
 
-__all__ = ["add_config_arguments", "check_output", "config_from_args", "non_negative_int", "plan_summary",
+__all__ = ["add_config_arguments", "add_dataset_arguments", "check_output", "config_from_args", "context_note",
+           "dataset_from_args", "non_negative_int", "plan_summary",
            "positive_float", "positive_int", "print_json"]

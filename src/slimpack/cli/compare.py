@@ -12,21 +12,24 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from slimpack.api import compare
 from slimpack.cli.common import (
     add_config_arguments,
+    add_dataset_arguments,
     add_planner_arguments,
     check_output,
     config_from_args,
+    context_note,
+    dataset_from_args,
     non_negative_int,
     positive_int,
 )
-from slimpack.compare import Window, compare
+from slimpack.compare import Window
 from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
 from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, check_strategies
 from slimpack.config import Config
 from slimpack.config.defaults import PLANNING_CONFIG
 from slimpack.cost import CostModel
-from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
 from slimpack.units import MIB
 
@@ -35,8 +38,7 @@ DEFAULT_DATASET = "wikipedia"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default=DEFAULT_DATASET, metavar="D",
-                        help=f"bundled dataset name or a length file (default {DEFAULT_DATASET})")
+    add_dataset_arguments(parser, default=DEFAULT_DATASET)
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",
                         help=f"unmeasured steps first, which fill deferring strategies' queues "
                              f"(default {DEFAULT_WARMUP_STEPS})")
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.report, "--report", directory=True)
     config = config_from_args(args)
     CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
-    dataset = load_dataset(args.dataset)
+    dataset = dataset_from_args(args)
     window = Window(warmup_steps=args.warmup, steps=args.steps)
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:
@@ -69,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("planning and simulating", total=len(strategies) * window.end_step)
-        comparison = compare(config, dataset, strategies, window, shuffle=args.shuffle,
-                             on_step=lambda: progress.advance(task))
+        comparison = compare(dataset, config, strategies, warmup=args.warmup, steps=args.steps,
+                             shuffle=args.shuffle, on_step=lambda: progress.advance(task))
     rows = comparison.table()
     console.print(_table(rows, config, dataset.name, window))
+    console.print(context_note(dataset, config), highlight=False)
     for note in drain_notes(rows):
         console.print(note)
     for row in rows:
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]{row.strategy} failed on step(s) {list(row.failed_steps)}: {'; '.join(row.errors)}")
     if args.json:
         text = json.dumps({"dataset": dataset.name, "config": config.to_dict(), "window": window.to_dict(),
-                           "strategies": [row.to_dict() for row in rows]}, indent=2)
+                           "context_cut": comparison.context_cut.to_dict(), "strategies": [row.to_dict() for row in rows]}, indent=2)
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:

@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING
 
 from slimpack.cli.common import (
     add_config_arguments,
+    add_dataset_arguments,
     add_planner_arguments,
     config_from_args,
+    context_note,
+    dataset_from_args,
     non_negative_int,
     positive_float,
     positive_int,
@@ -35,8 +38,8 @@ DEFAULT_STRATEGIES = "fixed,bfd,kk,wlb,slimpipe,bytescale,slimpack"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, metavar="S,S",
                         help=f"strategies to plan with (default {DEFAULT_STRATEGIES})")
-    parser.add_argument("--dataset", default="stdlib", metavar="D",
-                        help="'stdlib' (the CPython sources' sizes in bytes, as slimpack train uses) or any dataset")
+    add_dataset_arguments(parser, default="stdlib",
+                          extra="'stdlib' (the CPython sources' sizes in bytes, as slimpack train uses), a ")
     parser.add_argument("--step", type=non_negative_int, default=0, metavar="I",
                         help="which global batch to plan (default 0)")
     parser.add_argument("--repeats", type=positive_int, default=3, metavar="N", help="timed steps per plan (default 3)")
@@ -56,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("slimpack fidelity needs PyTorch: install slimpack[torch]") from None
-    from slimpack.data import load_dataset
     from slimpack.data.text import TextCorpus
     from slimpack.runtime.fidelity import fidelity_row, mape
 
@@ -68,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if config.parallel.tp != 1:
         raise UserError("fidelity runs tp = 1 (the runtime's tensor parallelism has no sequence parallelism, "
                         "which the cost model's activation memory assumes)")
-    dataset = TextCorpus.stdlib().dataset() if args.dataset == "stdlib" else load_dataset(args.dataset)
+    dataset = TextCorpus.stdlib().dataset() if args.dataset == "stdlib" else dataset_from_args(args)
+    if not args.json:
+        print(context_note(dataset, config), flush=True)
     rows = []
     for name in strategies:
         rows.append(fidelity_row(config, dataset, name, step=args.step, repeats=args.repeats, threads=args.threads,

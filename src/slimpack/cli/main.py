@@ -15,6 +15,7 @@ from slimpack.errors import InvalidPlanError, UserError
 COMMANDS: dict[str, str] = {
     "compare": "slimpack.cli.compare",
     "datasets": "slimpack.cli.datasets",
+    "lengths": "slimpack.cli.lengths",
     "cost": "slimpack.cli.cost",
     "plan": "slimpack.cli.plan",
     "validate": "slimpack.cli.validate",

@@ -6,21 +6,20 @@ import argparse
 
 from rich.console import Console
 
+from slimpack.api import plan_step
 from slimpack.cli.common import (
     add_config_arguments,
+    add_dataset_arguments,
     add_planner_arguments,
     config_from_args,
+    context_note,
+    dataset_from_args,
     non_negative_int,
     plan_summary,
 )
-from slimpack.compare.run import check_strategies
 from slimpack.config.defaults import PLANNING_CONFIG
-from slimpack.cost import CostModel
-from slimpack.data import load_dataset
 from slimpack.plan import save_plan
-from slimpack.plan.check import check_plan
 from slimpack.strategies import STRATEGIES
-from slimpack.strategies.stream import PlanStream
 
 HELP = "plan one training step with a strategy and write the plan JSON"
 
@@ -28,8 +27,7 @@ HELP = "plan one training step with a strategy and write the plan JSON"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default="slimpack", metavar="S",
                         help=f"one of {', '.join(STRATEGIES)} (default slimpack)")
-    parser.add_argument("--dataset", default="wikipedia", metavar="D",
-                        help="bundled dataset name or a length file (default wikipedia)")
+    add_dataset_arguments(parser)
     parser.add_argument("--step", type=non_negative_int, default=0, metavar="I",
                         help="which global batch to plan (default 0); a strategy that holds samples back "
                              "(wlb) replays the steps before it")
@@ -40,13 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_strategies([args.strategy])
     config = config_from_args(args)
-    CostModel(config).check_states_fit()
-    stream = PlanStream(load_dataset(args.dataset), config, args.strategy, shuffle=args.shuffle, start=args.step)
-    planned = next(stream)
-    check_plan(planned.plan)
+    dataset = dataset_from_args(args)
+    planned = plan_step(dataset, config, args.strategy, step=args.step, shuffle=args.shuffle)
     save_plan(planned.plan, args.output)
-    Console(stderr=True).print(f"{plan_summary(planned.plan)}; planned in {planned.planner_time_s:.2f} s "
-                               f"-> {args.output}")
+    console = Console(stderr=True)
+    console.print(context_note(dataset, config), highlight=False)
+    console.print(f"{plan_summary(planned.plan)}; planned in {planned.planner_time_s:.2f} s -> {args.output}")
     return 0

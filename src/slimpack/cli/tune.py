@@ -12,9 +12,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from slimpack.cli.common import add_planner_arguments, config_from_args, positive_int
+from slimpack.cli.common import (
+    add_dataset_arguments,
+    add_planner_arguments,
+    config_from_args,
+    context_note,
+    dataset_from_args,
+    positive_int,
+)
 from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, build_config, save_config
-from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
 from slimpack.tune import tune
 from slimpack.tune.report import best_rows, search_summary, to_json, write_report
@@ -27,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="base config (model, cluster, batch, planner); its layout is searched")
     parser.add_argument("--model", metavar="M", help=f"model preset ({', '.join(MODEL_PRESETS)}) or config.json")
     parser.add_argument("--gpu", metavar="G", help=f"GPU/cluster preset ({', '.join(CLUSTER_PRESETS)})")
-    parser.add_argument("--dataset", default="wikipedia", metavar="D", help="bundled dataset or length file")
+    add_dataset_arguments(parser)
     parser.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 128K)")
     parser.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
     parser.add_argument("--seed", type=int, help="seed for batch sampling")
@@ -48,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     base = config_from_args(args)
-    dataset = load_dataset(args.dataset)
+    dataset = dataset_from_args(args)
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
                       on_trial=lambda name, _trial: progress.update(task, advance=1, description=f"tuning {name}"))
     out = Console(stderr=args.json == "-", width=200 if not sys.stdout.isatty() else None)
     out.print(_table(best_rows(result), result))
+    out.print(context_note(dataset, base), highlight=False)
     for line in search_summary(result):
         out.print(line, highlight=False)
     winner = result.best_config()

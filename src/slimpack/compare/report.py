@@ -82,7 +82,8 @@ def _write_files(comparison: Comparison, directory: Path, *, command: list[str])
     setup = (f"{comparison.dataset} dataset; {config.model.name} on {par.num_devices} x {config.cluster.name} "
              f"(tp {par.tp}, pp {par.pp}, dp {par.dp}, cp {par.cp}, vpp {par.virtual_stages}); "
              f"{config.train.max_context} max context; {config.train.global_batch_tokens:,} tokens per batch; "
-             f"recompute {config.train.recompute}; {comparison.window.describe()}.")
+             f"recompute {config.train.recompute}; {comparison.window.describe()}; "
+             f"{comparison.context_cut.describe()}.")
     failures = [f"- {r.strategy}: failed on step(s) {list(r.failed_steps)}: {'; '.join(r.errors)}"
                 for r in rows if r.failed_steps]
     sections = [f"# slimpack comparison (simulated)\n\n{_basis(config)}\n\n{summary}\n\n{setup}\n",

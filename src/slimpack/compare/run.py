@@ -22,8 +22,8 @@ from typing import Literal
 from slimpack.compare.row import StrategyRow, percentile
 from slimpack.config import Config
 from slimpack.cost import CostModel
+from slimpack.data import ContextCut, SamplerConfig, context_cut
 from slimpack.data import Dataset as LengthDataset
-from slimpack.data import SamplerConfig
 from slimpack.errors import UserError
 from slimpack.plan.types import Plan
 from slimpack.sim import SimResult, simulate
@@ -174,6 +174,8 @@ class Comparison:
     dataset: str
     window: Window
     runs: tuple[StrategyRun, ...]
+    context_cut: ContextCut
+    """What the context length did to the dataset's documents (the same for every strategy)."""
 
     def table(self) -> list[StrategyRow]:
         """One row per strategy, in the order asked; speed-ups are over ``fixed`` when it ran."""
@@ -248,4 +250,5 @@ def compare(config: Config, dataset: LengthDataset, strategies: Sequence[str], w
     SamplerConfig.from_train(config.train)  # a setting no batch can be drawn from fails here, once
     runs = tuple(run_strategy(name, config, dataset, window, shuffle=shuffle, on_step=on_step)
                  for name in strategies)
-    return Comparison(config=config, dataset=dataset.name, window=window, runs=runs)
+    return Comparison(config=config, dataset=dataset.name, window=window, runs=runs,
+                      context_cut=context_cut(dataset.lengths, config.train.max_context))

@@ -21,12 +21,18 @@ from slimpack.data.sampler import (
     SamplerConfig,
     sample_batches,
 )
-from slimpack.data.stats import LONG_DOC_TOKENS, DatasetStats, dataset_stats
+from slimpack.data.stats import (
+    LONG_DOC_TOKENS,
+    ContextCut,
+    DatasetStats,
+    context_cut,
+    dataset_stats,
+)
 from slimpack.data.synthetic import SyntheticConfig, parse_synthetic, synthetic_lengths
 
 __all__ = [
-    "LONG_DOC_TOKENS", "SUFFIXES", "Batch", "Dataset", "DatasetStats", "DocumentChunk", "GlobalBatchSampler",
-    "SamplerConfig", "SyntheticConfig", "bundled_datasets", "bundled_path",
-    "dataset_stats", "load_dataset", "load_lengths", "parse_synthetic", "sample_batches",
+    "LONG_DOC_TOKENS", "SUFFIXES", "Batch", "ContextCut", "Dataset", "DatasetStats", "DocumentChunk",
+    "GlobalBatchSampler", "SamplerConfig", "SyntheticConfig", "bundled_datasets", "bundled_path",
+    "context_cut", "dataset_stats", "load_dataset", "load_lengths", "parse_synthetic", "sample_batches",
     "synthetic_lengths",
 ]

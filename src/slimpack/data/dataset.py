@@ -24,7 +24,7 @@ import numpy as np
 
 from slimpack.data.loaders import load_lengths
 from slimpack.data.registry import BUNDLED
-from slimpack.data.stats import DatasetStats, dataset_stats
+from slimpack.data.stats import DatasetStats, context_cut, dataset_stats
 from slimpack.data.synthetic import SYNTHETIC_NAME, parse_synthetic, synthetic_lengths
 from slimpack.errors import UserError
 
@@ -70,9 +70,12 @@ class Dataset:
     def __hash__(self) -> int:
         return hash((self.name, self.source, self.stats))
 
-    def summary(self) -> dict[str, Any]:
-        """Stable JSON-ready record: name, the stats fields, source (the ``--json`` output)."""
-        return {"name": self.name, **self.stats.to_dict(), "source": self.source}
+    def summary(self, max_context: int | None = None) -> dict[str, Any]:
+        """Stable JSON-ready record: name, the stats fields, (with ``max_context``) how many documents
+        are longer than it, source (the ``--json`` output)."""
+        cut = {} if max_context is None else {
+            "max_context": max_context, "docs_over_context": context_cut(self.lengths, max_context).num_cut_docs}
+        return {"name": self.name, **self.stats.to_dict(), **cut, "source": self.source}
 
 
 def bundled_datasets() -> tuple[str, ...]:

@@ -9,7 +9,8 @@ Formats, chosen by suffix:
 - ``.jsonl``: one JSON value per line: an object holding an integer length or a token list (whose
   length is used) under ``column`` or the first of :data:`JSONL_KEYS` present, or a bare integer.
 - ``.npy`` / ``.npz``: a 1-D integer array (in an ``.npz``, the array ``lengths`` or the only one).
-- ``.parquet``: a column as for CSV, integers or token lists; needs pyarrow (``slimpack[parquet]``).
+- ``.parquet``: a column as for CSV, or a token-list column (``input_ids``, as JSONL), integers or
+  token lists; needs pyarrow (``slimpack[parquet]``).
 
 Lengths must be integers >= 1. Every problem is a :class:`~slimpack.errors.UserError` whose
 message names the file and the line (text formats) or the index (array formats).
@@ -33,6 +34,8 @@ LENGTH_COLUMNS: tuple[str, ...] = ("length", "tokens", "tokens_qwen3", "num_toke
 """Column names recognised as a length, in order of preference (CSV and Parquet)."""
 JSONL_KEYS: tuple[str, ...] = ("length", "num_tokens", "tokens", "input_ids", "tokens_qwen3")
 """Keys recognised in a JSONL object, in order of preference; a list value counts its items."""
+PARQUET_COLUMNS: tuple[str, ...] = (*LENGTH_COLUMNS, "input_ids")
+"""Columns recognised in a Parquet file, in order of preference: a length, else a tokenized text."""
 
 # Beyond this a "length" is certainly a corrupt value, and sums of such values would overflow int64.
 _MAX_LENGTH = 2**40
@@ -211,15 +214,22 @@ def _check_array(array: np.ndarray, path: Path) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _read_parquet(path: Path, column: str | None) -> np.ndarray:
+def require_pyarrow(what: str) -> None:
+    """Refuse in one line when pyarrow (an optional extra) is missing."""
     try:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
+        import pyarrow  # noqa: F401
     except ImportError:
-        raise UserError(f"{path}: reading Parquet needs pyarrow: install slimpack[parquet]") from None
+        raise UserError(f"{what} needs pyarrow: install slimpack[parquet]") from None
+
+
+def _read_parquet(path: Path, column: str | None) -> np.ndarray:
+    require_pyarrow(f"{path}: reading Parquet")
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     try:
         schema = pq.read_schema(path)
-        name = schema.names[_pick_column(list(schema.names), column, path)]
+        name = schema.names[_pick_column(list(schema.names), column, path, PARQUET_COLUMNS)]
         data = pq.read_table(path, columns=[name]).column(name)
     except UserError:
         raise
@@ -244,18 +254,19 @@ def _read_parquet(path: Path, column: str | None) -> np.ndarray:
 # ---------------------------------------------------------------- helpers
 
 
-def _pick_column(names: list[str], column: str | None, path: Path) -> int:
+def _pick_column(names: list[str], column: str | None, path: Path,
+                 candidates: tuple[str, ...] = LENGTH_COLUMNS) -> int:
     lowered = [name.lower() for name in names]
     if column is not None:
         if column.lower() in lowered:
             return lowered.index(column.lower())
         raise UserError(f"{path}: no column {column!r}; columns: {names}")
-    for candidate in LENGTH_COLUMNS:
+    for candidate in candidates:
         if candidate in lowered:
             return lowered.index(candidate)
     if len(names) == 1:
         return 0
-    raise UserError(f"{path}: no length column; expected one of {list(LENGTH_COLUMNS)} or a single "
+    raise UserError(f"{path}: no length column; expected one of {list(candidates)} or a single "
                     f"column, found {names} (pick one with column=...)")
 
 
@@ -283,3 +294,26 @@ _READERS: dict[str, Callable[[Path, str | None], np.ndarray]] = {
 
 SUFFIXES: tuple[str, ...] = tuple(sorted(_READERS))
 """File suffixes :func:`load_lengths` understands."""
+WRITABLE_SUFFIXES: tuple[str, ...] = (".csv", ".npy", ".txt")
+"""File suffixes :func:`save_lengths` writes."""
+
+
+def check_length_file_name(path: str | Path) -> str:
+    """The suffix of a length file to write, refused unless :func:`save_lengths` writes it."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in WRITABLE_SUFFIXES:
+        raise UserError(f"{path}: a length file must end in {', '.join(WRITABLE_SUFFIXES)}")
+    return suffix
+
+
+def save_lengths(lengths: np.ndarray, path: str | Path) -> None:
+    """Write lengths so that :func:`load_lengths` reads them back: ``.npy`` (int64), ``.csv`` (a
+    ``length`` column) or ``.txt`` (one per line)."""
+    path = Path(path)
+    suffix = check_length_file_name(path)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if suffix == ".npy":
+        np.save(path, lengths)
+    else:
+        header = "length\n" if suffix == ".csv" else ""
+        path.write_text(header + "".join(f"{n}\n" for n in lengths.tolist()))

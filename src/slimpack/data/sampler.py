@@ -36,6 +36,7 @@ import numpy as np
 from slimpack.config.base import ConfigBase, require
 from slimpack.config.train import TrainConfig
 from slimpack.data.dataset import Dataset
+from slimpack.data.stats import context_cut
 from slimpack.errors import UserError
 
 
@@ -132,18 +133,16 @@ class GlobalBatchSampler:
             dataset = Dataset(name="lengths", lengths=np.asarray(dataset), source="in-memory array")
         self.dataset = dataset
         self.config = config
-        lengths = dataset.lengths
-        too_long = lengths > config.max_context
-        self.num_long_docs = int(too_long.sum())
-        """Documents longer than ``max_context`` (chunked, or dropped with ``drop_long``)."""
+        self.cut = context_cut(dataset.lengths, config.max_context, drop_long=config.drop_long)
+        """Documents longer than ``max_context`` (chunked, or dropped with ``drop_long``), per epoch."""
+        self.num_long_docs = self.cut.num_cut_docs
         self.num_dropped_docs = self.num_long_docs if config.drop_long else 0
         """Documents skipped per epoch."""
-        self.num_dropped_tokens = int(lengths[too_long].sum()) if config.drop_long else 0
+        self.num_dropped_tokens = self.cut.num_dropped_tokens
         """Tokens skipped per epoch."""
-        self.tokens_per_epoch = int(lengths.sum()) - self.num_dropped_tokens
+        self.tokens_per_epoch = dataset.stats.total_tokens - self.num_dropped_tokens
         """Tokens the stream yields per epoch."""
-        self.samples_per_epoch = (int((~too_long).sum()) if config.drop_long
-                                  else int((-(-lengths // config.max_context)).sum()))
+        self.samples_per_epoch = len(dataset) - self.num_dropped_docs + self.cut.num_extra_samples
         """Samples the stream yields per epoch (documents, or their chunks)."""
         if self.tokens_per_epoch == 0:
             raise UserError(f"dataset {dataset.name!r}: every document is longer than max_context "

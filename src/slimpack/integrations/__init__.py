@@ -12,6 +12,7 @@ See docs/integrations.md.
 
 from slimpack.integrations.megatron import SlimpackCPScheduler, sample_id_groups
 from slimpack.integrations.wholesample import (
+    equal_count_form,
     is_whole_sample,
     rank_micro_batches,
     require_whole_sample,
@@ -19,5 +20,5 @@ from slimpack.integrations.wholesample import (
     whole_sample_form,
 )
 
-__all__ = ["SlimpackCPScheduler", "is_whole_sample", "rank_micro_batches", "require_whole_sample",
+__all__ = ["SlimpackCPScheduler", "equal_count_form", "is_whole_sample", "rank_micro_batches", "require_whole_sample",
            "sample_id_groups", "whole_sample_config", "whole_sample_form"]

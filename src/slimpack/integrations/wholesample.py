@@ -75,39 +75,61 @@ def require_whole_sample(plan: Plan, *, lower: bool, framework: str) -> Plan:
                     f"use_asymmetric=False, or ask for its whole-sample form (lower=True)")
 
 
-def rank_micro_batches(plan: Plan, *, lower: bool = False, framework: str = "data parallelism"
-                       ) -> list[MicroBatches]:
-    """Per data-parallel replica (index = replica), its micro-batches of this plan's step, every
-    replica with the same number of micro-batches.
+def equal_count_form(plan: Plan, *, lower: bool = False, framework: str = "data parallelism") -> Plan:
+    """The plan as a framework with plain data parallelism and a fixed number of micro-batches per
+    step runs it: whole-sample form (lowered when ``lower``), every replica on its own samples, and
+    every replica with the same number of groups. The simulator scores it as any other plan.
 
     Replicas merged into one context-parallel group (DP-Merge) are refused: plain data parallelism
-    runs every replica on its own samples. Where pipelines hold different numbers of groups, a
-    replica with fewer gets its heaviest micro-batch (in tokens) split in two, repeatedly, as data
-    parallelism needs the same number of backward passes (and gradient all-reduces) on every rank.
+    runs every replica on its own samples. Where pipelines hold different numbers of groups (the
+    frameworks run the same number of micro-batches, gradient-accumulation steps, on every rank),
+    the count is the most groups any replica holds, or fewer when a replica holds fewer samples than
+    that (a few long documents); a replica with more groups than the count has its lightest adjacent
+    pair (in tokens) merged, one with fewer its heaviest group split in two, repeatedly. Merged groups
+    are larger: the simulator says whether they still fit in memory.
     """
     plan = require_whole_sample(plan, lower=lower, framework=framework)
     merged = next((p for p in plan.pipelines if len(p.replicas) > 1), None)
     if merged is not None:
         raise UserError(f"{framework} cannot run replicas {list(merged.replicas)} merged into one "
                         f"context-parallel group (DP-Merge); plan with use_dp_merge=False")
+    lengths = plan.sample_lengths()
+    target = min(max(len(pipe.forward) for pipe in plan.pipelines),
+                 min(sum(map(len, pipe.forward)) for pipe in plan.pipelines))
+    if all(len(pipe.forward) == target for pipe in plan.pipelines):
+        return plan
+    pipelines = []
+    for pipe in plan.pipelines:
+        ids = _to_count(tuple(tuple(s.sample_id for s in group) for group in pipe.forward), target, lengths)
+        groups = tuple(tuple(Slice(sid, 0, lengths[sid]) for sid in batch) for batch in ids)
+        pipelines.append(PipelinePlan(replicas=pipe.replicas, cp=pipe.cp, forward=groups, backward=groups))
+    return dataclasses.replace(plan, pipelines=tuple(pipelines), info={**plan.info, "equal_count_form": True})
+
+
+def rank_micro_batches(plan: Plan, *, lower: bool = False, framework: str = "data parallelism"
+                       ) -> list[MicroBatches]:
+    """Per data-parallel replica (index = replica), its micro-batches of this plan's step in
+    :func:`equal_count_form`: every replica with the same number of micro-batches."""
+    form = equal_count_form(plan, lower=lower, framework=framework)
     per_replica: dict[int, MicroBatches] = {
         pipe.replicas[0]: tuple(tuple(s.sample_id for s in group) for group in pipe.forward)
-        for pipe in plan.pipelines}
-    num_replicas = plan.config.parallel.dp
-    assert sorted(per_replica) == list(range(num_replicas)), "the checker guarantees one pipeline per replica"
-    lengths = plan.sample_lengths()
-    target = max(len(batches) for batches in per_replica.values())
-    return [_split_to_count(per_replica[r], target, lengths, f"replica {r}") for r in range(num_replicas)]
+        for pipe in form.pipelines}
+    assert sorted(per_replica) == list(range(plan.config.parallel.dp)), "the checker guarantees one pipeline per replica"
+    return [per_replica[r] for r in range(plan.config.parallel.dp)]
 
 
-def _split_to_count(batches: MicroBatches, target: int, lengths: dict[int, int], where: str) -> MicroBatches:
+def _to_count(batches: MicroBatches, target: int, lengths: dict[int, int]) -> MicroBatches:
+    """``batches`` as ``target`` micro-batches, in order: lightest adjacent pairs merged, heaviest split."""
     out = [list(batch) for batch in batches]
-    while len(out) < target:
-        splittable = [i for i, batch in enumerate(out) if len(batch) > 1]
-        if not splittable:
-            raise UserError(f"{where} holds {sum(map(len, out))} sample(s), fewer than the {target} "
-                            f"micro-batches other replicas run; use a larger batch or fewer replicas")
-        heaviest = max(splittable, key=lambda i: (sum(lengths[s] for s in out[i]), -i))
+
+    def tokens(batch: list[int]) -> int:
+        return sum(lengths[s] for s in batch)
+
+    while len(out) > target:
+        lightest = min(range(len(out) - 1), key=lambda i: (tokens(out[i]) + tokens(out[i + 1]), i))
+        out[lightest:lightest + 2] = [out[lightest] + out[lightest + 1]]
+    while len(out) < target:  # target <= this replica's samples: a group of 2+ samples exists
+        heaviest = max((i for i, batch in enumerate(out) if len(batch) > 1), key=lambda i: (tokens(out[i]), -i))
         out[heaviest:heaviest + 1] = _halves(out[heaviest], lengths)
     return tuple(tuple(batch) for batch in out)
 
@@ -122,5 +144,5 @@ def _halves(batch: Sequence[int], lengths: dict[int, int]) -> list[list[int]]:
     return [list(batch[:-1]), list(batch[-1:])]
 
 
-__all__ = ["MicroBatches", "is_whole_sample", "whole_sample_config", "rank_micro_batches", "require_whole_sample",
-           "whole_sample_form"]
+__all__ = ["MicroBatches", "equal_count_form", "is_whole_sample", "rank_micro_batches", "require_whole_sample",
+           "whole_sample_config", "whole_sample_form"]

@@ -1,0 +1,105 @@
+"""slimpack's Python API: the jobs of the ``slimpack`` commands as functions of values.
+
+::
+
+    from slimpack import api
+
+    config = api.configure(model="llama3-8b", tp=8, pp=4, dp=4, max_context=128 * 1024)
+    plan = api.plan_batch([90_000, 4_000, 1_200, 30_000], config, "slimpack")
+    print(api.simulate(plan).step_time_s)
+    comparison = api.compare("wikipedia", config, ["kk", "slimpack"], warmup=2, steps=8)
+
+Each function is a thin front for the module that does the work (the CLI calls the same ones), so
+the API and the commands cannot drift apart. Documented with examples in docs/api.md.
+
+Must not import torch (framework adapters that need it live in ``slimpack.integrations``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from slimpack.compare.run import (
+    DEFAULT_WARMUP_STEPS,
+    DEFAULT_WINDOW_STEPS,
+    Comparison,
+    Window,
+    check_strategies,
+)
+from slimpack.compare.run import compare as _compare
+from slimpack.config import Config, load_config, resolve_model, save_config
+from slimpack.config.overrides import configure
+from slimpack.cost import CostModel
+from slimpack.data import ContextCut, Dataset, context_cut, load_dataset
+from slimpack.errors import UserError
+from slimpack.plan import Plan, load_plan, save_plan
+from slimpack.plan.check import check_plan
+from slimpack.plan.types import Sample
+from slimpack.sim import SimResult, simulate
+from slimpack.strategies import STRATEGIES, make_planner
+from slimpack.strategies.stream import PlannedStep, PlanStream
+from slimpack.tune import TuneResult
+from slimpack.tune import tune as _tune
+
+DatasetLike = Dataset | str
+"""A :class:`~slimpack.data.Dataset`, a bundled name (``"wikipedia"``), ``"synthetic:..."`` or the
+path of a length file (.csv .txt .jsonl .npy .npz .parquet)."""
+
+
+def dataset(name_or_path: DatasetLike, *, column: str | None = None) -> Dataset:
+    """Lengths to plan from (``column``: the CSV/Parquet column or JSONL key of a file)."""
+    return name_or_path if isinstance(name_or_path, Dataset) else load_dataset(name_or_path, column=column)
+
+
+def cut_at_context(data: DatasetLike, config: Config) -> ContextCut:
+    """How many of the documents are longer than the config's context (cut into chunks)."""
+    return context_cut(dataset(data).lengths, config.train.max_context)
+
+
+def plan_batch(lengths: Sequence[int], config: Config, strategy: str = "slimpack", *, step: int = 0) -> Plan:
+    """Plan one global batch: sample ``i`` has ``lengths[i]`` tokens (at most the context; cut longer
+    documents first, or plan from a dataset with :func:`plan_step`, which does)."""
+    check_strategies([strategy])
+    too_long = [n for n in lengths if n > config.train.max_context]
+    if too_long:
+        raise UserError(f"{len(too_long)} length(s) exceed the {config.train.max_context}-token context "
+                        f"(longest {max(too_long)}): cut documents to the context first")
+    if not lengths:
+        raise UserError("plan_batch needs at least one length")
+    CostModel(config).check_states_fit()
+    plan = make_planner(strategy, config).plan(
+        [Sample(id=i, length=int(n), arrival_step=step) for i, n in enumerate(lengths)], step=step)
+    check_plan(plan)
+    return plan
+
+
+def plan_step(data: DatasetLike, config: Config, strategy: str = "slimpack", *, step: int = 0,
+              shuffle: bool = False) -> PlannedStep:
+    """Plan step ``step`` of a dataset's batch stream, as ``slimpack plan`` does (documents longer than
+    the context cut into chunks; a strategy that holds samples back replays the steps before)."""
+    check_strategies([strategy])
+    CostModel(config).check_states_fit()
+    planned = next(PlanStream(dataset(data), config, strategy, shuffle=shuffle, start=step))
+    check_plan(planned.plan)
+    return planned
+
+
+def compare(data: DatasetLike, config: Config, strategies: Sequence[str] | None = None, *,
+            warmup: int = DEFAULT_WARMUP_STEPS, steps: int = DEFAULT_WINDOW_STEPS, shuffle: bool = False,
+            on_step: Callable[[], None] = lambda: None) -> Comparison:
+    """Every strategy (default all) over the same consecutive steps, as ``slimpack compare``: ``warmup``
+    unmeasured steps, then a measured window of ``steps``; ``.table()`` gives one row per strategy."""
+    return _compare(config, dataset(data), list(strategies or STRATEGIES), Window(warmup_steps=warmup, steps=steps),
+                    shuffle=shuffle, on_step=on_step)
+
+
+def tune(data: DatasetLike, config: Config, gpus: int, strategies: Sequence[str] | None = None, *,
+         steps: int = 1, workers: int = 1) -> TuneResult:
+    """Each strategy's best layout of ``gpus`` GPUs (``config`` gives model, cluster, context, batch and
+    planner; its layout and recomputation are searched), as ``slimpack tune``; ``.best_config()``."""
+    return _tune(config, dataset(data), gpus, list(strategies or STRATEGIES), steps=steps, workers=workers)
+
+
+__all__ = ["STRATEGIES", "Comparison", "Config", "ContextCut", "Dataset", "Plan", "PlannedStep", "SimResult",
+           "TuneResult", "check_plan", "compare", "configure", "cut_at_context", "dataset", "load_config",
+           "load_plan", "plan_batch", "plan_step", "resolve_model", "save_config", "save_plan", "simulate", "tune"]
