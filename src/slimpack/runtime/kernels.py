@@ -130,19 +130,10 @@ def _masked_scores(q_kgqd: torch.Tensor, k_kdn: torch.Tensor, first_query: int, 
     return scores.masked_fill(cols > rows + offset, float("-inf"))
 
 
-def _per_head(x_tkd: torch.Tensor, group: int) -> torch.Tensor:
-    """(T, K, D) -> (1, H, T, D) with each KV head repeated for its ``group`` query heads."""
-    if group > 1:
-        x_tkd = x_tkd.repeat_interleave(group, dim=1)
+def _heads_first(x_tkd: torch.Tensor) -> torch.Tensor:
+    """(T, K, D) -> (1, K, T, D), a view. The CPU kernels take fewer KV heads than query heads
+    (GQA: query head h reads KV head h // (H/K)) and return dK/dV per KV head, so nothing is repeated."""
     return x_tkd.transpose(0, 1).unsqueeze(0)
-
-
-def _to_kv_heads(g_1htd: torch.Tensor, group: int) -> torch.Tensor:
-    """(1, H, T, D) gradient -> (T, K, D), summing the query heads that share a KV head."""
-    g_thd = g_1htd[0].transpose(0, 1)
-    if group > 1:
-        g_thd = g_thd.unflatten(1, (-1, group)).sum(2)
-    return g_thd
 
 
 def _cpu_parts(n_q: int, n_k: int) -> list[tuple[int, int, bool]]:
@@ -155,17 +146,16 @@ def _cpu_parts(n_q: int, n_k: int) -> list[tuple[int, int, bool]]:
 def cpu_forward(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, cu_q: list[int],
                 cu_k: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    group = q_thd.shape[1] // k_tkd.shape[1]
     out_thd = torch.empty_like(q_thd)
     lse_th: torch.Tensor | None = None
     for (q0, q1), (k0, k1) in zip(_bounds(cu_q), _bounds(cu_k), strict=True):
         if q1 == q0:
             continue
-        q_1htd = q_thd[q0:q1].transpose(0, 1).unsqueeze(0)
-        k_1hnd, v_1hnd = _per_head(k_tkd[k0:k1], group), _per_head(v_tkd[k0:k1], group)
+        q_1htd = _heads_first(q_thd[q0:q1])
+        k_1knd, v_1knd = _heads_first(k_tkd[k0:k1]), _heads_first(v_tkd[k0:k1])
         out, lse = None, None
         for a, b, causal in _cpu_parts(q1 - q0, k1 - k0):
-            part_out, part_lse = op(q_1htd, k_1hnd[:, :, a:b], v_1hnd[:, :, a:b], 0.0, causal, scale=scale)
+            part_out, part_lse = op(q_1htd, k_1knd[:, :, a:b], v_1knd[:, :, a:b], 0.0, causal, scale=scale)
             if out is None:
                 out, lse = part_out, part_lse
             else:
@@ -187,24 +177,21 @@ def cpu_backward(dout_thd: torch.Tensor, q_thd: torch.Tensor, k_tkd: torch.Tenso
                  out_thd: torch.Tensor, lse_th: torch.Tensor, cu_q: list[int], cu_k: list[int],
                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-    group = q_thd.shape[1] // k_tkd.shape[1]
     dq_thd = torch.zeros_like(q_thd)
     dk_tkd = torch.zeros_like(k_tkd)
     dv_tkd = torch.zeros_like(v_tkd)
     for (q0, q1), (k0, k1) in zip(_bounds(cu_q), _bounds(cu_k), strict=True):
         if q1 == q0:
             continue
-        q_1htd = q_thd[q0:q1].transpose(0, 1).unsqueeze(0)
-        do_1htd = dout_thd[q0:q1].transpose(0, 1).unsqueeze(0)
-        out_1htd = out_thd[q0:q1].transpose(0, 1).unsqueeze(0)
+        q_1htd, do_1htd, out_1htd = (_heads_first(t[q0:q1]) for t in (q_thd, dout_thd, out_thd))
         lse_1ht = lse_th[q0:q1].T.unsqueeze(0)
-        k_1hnd, v_1hnd = _per_head(k_tkd[k0:k1], group), _per_head(v_tkd[k0:k1], group)
+        k_1knd, v_1knd = _heads_first(k_tkd[k0:k1]), _heads_first(v_tkd[k0:k1])
         for a, b, causal in _cpu_parts(q1 - q0, k1 - k0):
-            dq, dk, dv = op(do_1htd, q_1htd, k_1hnd[:, :, a:b], v_1hnd[:, :, a:b], out_1htd, lse_1ht, 0.0,
+            dq, dk, dv = op(do_1htd, q_1htd, k_1knd[:, :, a:b], v_1knd[:, :, a:b], out_1htd, lse_1ht, 0.0,
                             causal, scale=scale)
             dq_thd[q0:q1] += dq[0].transpose(0, 1)
-            dk_tkd[k0 + a:k0 + b] += _to_kv_heads(dk, group)
-            dv_tkd[k0 + a:k0 + b] += _to_kv_heads(dv, group)
+            dk_tkd[k0 + a:k0 + b] += dk[0].transpose(0, 1)
+            dv_tkd[k0 + a:k0 + b] += dv[0].transpose(0, 1)
     return dq_thd, dk_tkd, dv_tkd
 
 
