@@ -146,7 +146,9 @@ class RankRuntime:
     def _step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool,
               optimizer_step: bool) -> StepResult:
         self.mesh.check_plan(plan)
-        self.groups.ensure_cp_groups(plan)
+        others = [r for r in range(self.mesh.world_size) if r != self.rank]
+        with self._watched(others, f"step {plan.step}: creating the plan's context-parallel groups"):
+            self.groups.ensure_cp_groups(plan)  # collective: every rank creates the same groups
         if plan.config.parallel.virtual_stages * self.mesh.pp != self.num_chunks:
             raise ValueError(f"the plan has {plan.config.parallel.virtual_stages} virtual stages, this runtime "
                              f"was built for {self.num_chunks // self.mesh.pp}")
@@ -181,8 +183,7 @@ class RankRuntime:
         # last-stage ranks hold a loss (each cp rank its tokens' share); tp ranks hold the same one
         loss_t = loss if self.position.tp_rank == 0 else torch.zeros_like(loss)
         fault_point("loss all-reduce", self.rank)
-        others = [r for r in range(self.mesh.world_size) if r != self.rank]
-        with self.monitor.waiting(f"step {plan.step}: the loss all-reduce", ranks_text(others)):
+        with self._watched(others, f"step {plan.step}: the loss all-reduce"):
             dist.all_reduce(loss_t)
             result.loss = float(loss_t)  # the step's one host synchronisation
         sync_end = time.perf_counter()
