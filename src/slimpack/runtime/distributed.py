@@ -135,6 +135,10 @@ class RankRuntime:
             raise NotImplementedError("tied embeddings over several stages are not supported by the "
                                       "distributed runtime")
 
+    def close(self) -> None:
+        """Stop watching waits (the monitor's thread ends)."""
+        self.monitor.close()
+
     # ---- one step -------------------------------------------------------------------------------
     def step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool = False,
              optimizer_step: bool = True) -> StepResult:

@@ -142,6 +142,7 @@ class Trainer:
             raise UserError(str(exc)) from None
         finally:
             loader.close()
+            runtime.close()
         self._write_outputs(spans, records, say)
         dist.destroy_process_group()
         return records
