@@ -124,14 +124,6 @@ def _step_with_timeout(plan: Plan) -> dict:
     return {"error": None, "elapsed": time.monotonic() - began}
 
 
-def watchdog_fires(rank: int, world_size: int) -> None:
-    """Work that outlives its watchdog ends the process (exit 3) with a message."""
-    from slimpack.runtime.distributed import Watchdog
-
-    with Watchdog(1.0, "the test's work"):
-        time.sleep(30)
-
-
 def tensor_parallel_stages(rank: int, world_size: int, pipe: PipelinePlan, lengths: dict[int, int]) -> dict:
     """One process group = one tensor-parallel group: every rank runs all stages of ``pipe`` (one
     process, ``run_in_order``) on its shards, with the LM head vocabulary-parallel and gathered;

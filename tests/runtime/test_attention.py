@@ -181,24 +181,91 @@ def test_gpu_backends_agree_with_math(backend) -> None:
         torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2)
 
 
-def test_library_backend_path_with_a_stand_in_library(monkeypatch) -> None:
-    """The GPU path (library forward; backward by rerunning it under autograd; prefix pieces
-    concatenated into the packed keys) checked on CPU with a differentiable stand-in library."""
+class _FakeFlash:
+    """flash-attn's two varlen entry points, computed by the math kernels, with flash-attn's LSE
+    layout (H, T) and its in-place gradient outputs; records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @staticmethod
+    def _check(cu_q_t, cu_k_t, max_q, max_k, q):
+        assert cu_q_t.dtype == cu_k_t.dtype == torch.int32 and cu_q_t.device == q.device
+        assert (max_q, max_k) == (int(cu_q_t.diff().max()), int(cu_k_t.diff().max()))
+        return cu_q_t.tolist(), cu_k_t.tolist()
+
+    def _flash_attn_varlen_forward(self, q, k, v, cu_q_t, cu_k_t, max_q, max_k, *, dropout_p, softmax_scale, causal):
+        assert dropout_p == 0.0 and causal
+        self.calls.append("forward")
+        out, lse_th = kernels.math_forward(q, k, v, *self._check(cu_q_t, cu_k_t, max_q, max_k, q), softmax_scale)
+        return out, lse_th.T.contiguous(), torch.empty(0), torch.empty(2)
+
+    def _flash_attn_varlen_backward(self, dout, q, k, v, out, lse, dq, dk, dv, cu_q_t, cu_k_t, max_q, max_k, *,
+                                    dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+                                    softcap, alibi_slopes, deterministic):
+        assert lse.shape == (q.shape[1], q.shape[0]) and causal and softcap == 0.0 and alibi_slopes is None
+        self.calls.append("backward")
+        grads = kernels.math_backward(dout, q, k, v, out, lse.T, *self._check(cu_q_t, cu_k_t, max_q, max_k, q),
+                                      softmax_scale)
+        for target, grad in zip((dq, dk, dv), grads, strict=True):
+            target.copy_(grad)
+        return torch.empty(0)
+
+
+class _FakeTorchVarlen:
+    """torch's varlen ops (``torch.ops.torch_attn``), computed by the math kernels; records calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def _varlen_attn(self, q, k, v, cu_q_t, cu_k_t, max_q, max_k, is_causal, scale, window_size, enable_gqa):
+        assert is_causal and window_size == [-1, 0] and enable_gqa == (q.shape[1] != k.shape[1])
+        self.calls.append("forward")
+        out, lse_th = kernels.math_forward(q, k, v, *_FakeFlash._check(cu_q_t, cu_k_t, max_q, max_k, q), scale)
+        return out, lse_th.T.contiguous(), torch.zeros(2)
+
+    def _varlen_attn_backward(self, dout, q, k, v, out, lse, cu_q_t, cu_k_t, max_q, max_k, is_causal, rng,
+                              scale, window_size):
+        assert is_causal and window_size == [-1, 0]
+        self.calls.append("backward")
+        return kernels.math_backward(dout, q, k, v, out, lse.T, *_FakeFlash._check(cu_q_t, cu_k_t, max_q, max_k, q),
+                                     scale)
+
+
+@pytest.mark.parametrize(("backend", "fake", "hook"), [("flash", _FakeFlash, "flash_library"),
+                                                        ("torch", _FakeTorchVarlen, "torch_library")])
+def test_gpu_library_path_keeps_the_lse_and_calls_the_library_backward(monkeypatch, backend, fake, hook) -> None:
+    """The GPU kernels' plumbing, on CPU with a stand-in library: one forward call per attention
+    call, its LSE handed to one backward call (no forward rerun), prefix pieces concatenated into the
+    packed keys; gradients equal the math backend's."""
     from slimpack.runtime import attention as attention_module
 
-    def stand_in(backend, q, k, v, cu_q, cu_k, scale):
-        assert backend == "flash"
-        return dense(q, k, v, cu_q, cu_k)
-
-    monkeypatch.setattr(attention_module, "library_call", stand_in)
-    monkeypatch.setattr(attention_module, "resolve_backend", lambda backend, device, dtype: backend)
-    q, k, v = make((9, 4, 8), 0), make((9, 2, 8), 1), make((9, 2, 8), 2)
-    pk, pv = make((5, 2, 8), 3), make((5, 2, 8), 4)
-    leaves = [q, k, v, pk, pv]
-    grad = torch.randn(9, 4, 8, dtype=torch.float64)
+    library = fake()
+    monkeypatch.setattr(kernels, hook, lambda: library)
+    monkeypatch.setattr(attention_module, "resolve_backend", lambda name, device, dtype: name)
+    q, k, v = make((12, 4, 8), 0), make((12, 2, 8), 1), make((12, 2, 8), 2)
+    pieces = [(make((5, 2, 8), 3), make((5, 2, 8), 4)), (make((3, 2, 8), 5), make((3, 2, 8), 6))]
+    leaves = [q, k, v, *[t for piece in pieces for t in piece]]
+    grad = torch.randn(12, 4, 8, dtype=torch.float64)
     results = []
-    for backend in ("flash", "math"):
-        out = varlen_attention(q, k, v, [0, 4, 9], prefix=[[], [(pk, pv)]], backend=backend)
+    for name in (backend, "math"):
+        out = varlen_attention(q, k, v, [0, 4, 9, 12], prefix=[[], pieces, pieces[:1]], backend=name)
         results.append([out, *torch.autograd.grad(out, leaves, grad)])
+    assert library.calls == ["forward", "backward"]
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_on_cuda_refuses_the_math_fallback(monkeypatch) -> None:
+    from slimpack.runtime import attention as attention_module
+
+    monkeypatch.setattr(attention_module, "has_flash", lambda: True)
+    monkeypatch.setattr(attention_module, "has_torch_varlen", lambda: False)
+    assert resolve_backend("auto", "cuda", torch.bfloat16) == "flash"
+    assert available_backends("cuda", torch.float32) == ["math"]
+    with pytest.raises(ValueError, match="need bf16/fp16, not torch.float32; only the slow math kernel"):
+        resolve_backend("auto", "cuda", torch.float32)
+    assert resolve_backend("math", "cuda", torch.float32) == "math"  # asked for by name
+    monkeypatch.setattr(attention_module, "has_flash", lambda: False)
+    with pytest.raises(ValueError, match="no fused GPU kernel is installed"):
+        resolve_backend("auto", "cuda", torch.bfloat16)

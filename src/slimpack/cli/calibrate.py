@@ -6,9 +6,7 @@ memory bandwidth, RAM; efficiency = the fit). Imports torch only when it runs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,37 +37,20 @@ def run(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise UserError("slimpack calibrate needs PyTorch: install slimpack[torch]") from None
-    from slimpack.cost.calibrate import fit_efficiency, save_records
-    from slimpack.cost.end_to_end import END_TO_END_GROUPS, fit_end_to_end, measured_cluster
-    from slimpack.runtime.calibrate import (
-        collect_records,
-        memory_bandwidth,
-        peak_flops,
-        stage_timings,
-    )
+    from slimpack.cost.calibrate import save_records
+    from slimpack.runtime.calibrate import calibrate
 
     check_output(args.output, "--output")
     if args.records:
         check_output(args.records, "--records")
     torch.set_num_threads(args.threads)
-    base = config_from_args(args)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    model = dataclasses.replace(base.model, dtype_bytes=8 if args.dtype == "float64" else 4)
-    peak, bandwidth = peak_flops(dtype), memory_bandwidth()
-    print(f"peak {peak / 1e9:.1f} GFLOP/s ({args.dtype} matmul, {args.threads} thread(s)), memory bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s", flush=True)
-    records = collect_records(model, dtype=dtype, repeats=args.repeats)
+    result = calibrate(config_from_args(args), dtype=dtype, repeats=args.repeats,
+                       say=lambda line: print(f"{line}, {args.threads} thread(s)", flush=True))
     if args.records:
-        save_records(records, args.records)
-    ops = fit_efficiency(records, model, peak)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    cluster = measured_cluster(peak_flops=peak, bandwidth=bandwidth, memory_bytes=ram,
-                               devices=base.parallel.num_devices)
-    measured = stage_timings(model, END_TO_END_GROUPS, dtype=dtype, repeats=args.repeats)
-    fit = fit_end_to_end(dataclasses.replace(base, model=model, cluster=cluster), ops.efficiency, measured)
-    config = dataclasses.replace(base, model=model, cluster=cluster, efficiency=fit.efficiency)
-    Path(args.output).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    _report(ops, fit, args.output)
+        save_records(result.records, args.records)
+    Path(args.output).write_text(json.dumps(result.config.to_dict(), indent=2) + "\n")
+    _report(result.ops, result.fit, args.output)
     return 0
 
 

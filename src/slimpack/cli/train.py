@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-dir", metavar="DIR", help="write each rank's Chrome trace (rank<R>.json) here")
     parser.add_argument("--log-json", metavar="FILE", help="rank 0 writes per-step records (JSON) here")
     parser.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
-                        help="a step (or a peer) slower than this aborts the job (default 300)")
+                        help="any wait on another rank (receive, send, barrier, all-reduce) longer than this "
+                             "aborts the job with a message naming the rank and the action (default 300)")
     add_config_arguments(parser, default=RUNTIME_CONFIG)
     add_planner_arguments(parser)
 

@@ -15,13 +15,14 @@ into the saved state: the function saves own q, k, v, the output and the log-sum
 FlashAttention) plus references to the prefix pieces, and recomputes the scores in backward.
 
 Backends (``backend=``), all with the same results (see ``kernels``):
-- ``flash``: ``flash_attn.flash_attn_varlen_func`` (CUDA, fp16/bf16);
-- ``torch``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA, fp16/bf16), when this torch has it;
+- ``flash``: flash-attn's varlen forward and backward kernels (CUDA, fp16/bf16, flash-attn >= 2.6);
+- ``torch``: torch's own varlen flash-attention ops (CUDA, fp16/bf16), when this torch has them;
 - ``cpu``: torch's fused CPU flash-attention kernels, two calls per segment (CPU);
 - ``math``: blockwise softmax attention in plain torch, any device and dtype (the definition);
-- ``auto``: the first of flash, torch, cpu, math that supports the device and dtype.
-The GPU backends run their forward kernel in forward and, in backward, rerun it under autograd to
-get the gradients (their low-level backward kernels are private APIs that change between versions).
+- ``auto``: the first of flash, torch, cpu, math that supports the device and dtype; on CUDA it
+  refuses to fall back to ``math`` (float32, or no fused kernel installed): ask for it by name.
+Every backend's forward returns the log-sum-exp and its backward kernel uses it: nothing is
+recomputed but the scores inside the backward kernel, as in FlashAttention.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Literal
 
 import torch
 
-from slimpack.runtime.kernels import KERNELS, has_cpu_flash, has_module, library_call, torch_varlen
+from slimpack.runtime.kernels import KERNELS, has_cpu_flash, has_flash, has_torch_varlen
 
 Backend = Literal["auto", "math", "cpu", "flash", "torch"]
 BACKENDS: tuple[str, ...] = ("auto", "flash", "torch", "cpu", "math")
@@ -45,9 +46,9 @@ def available_backends(device: torch.device | str = "cpu", dtype: torch.dtype = 
     device = torch.device(device)
     found = []
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        if has_module("flash_attn"):
+        if has_flash():
             found.append("flash")
-        if torch_varlen() is not None:
+        if has_torch_varlen():
             found.append("torch")
     if device.type == "cpu" and dtype in (torch.float32, torch.float64, torch.bfloat16) and has_cpu_flash():
         found.append("cpu")
@@ -60,6 +61,13 @@ def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; valid: {', '.join(BACKENDS)}")
     usable = available_backends(device, dtype)
+    if backend == "auto" and torch.device(device).type == "cuda" and usable == ["math"]:
+        # the math kernel is written for correctness: on a GPU it would silently cost several times
+        # the fused kernels' time and far more memory
+        why = ("no fused GPU kernel is installed (flash-attn >= 2.6, or a torch with torch.nn.attention.varlen)"
+               if dtype in (torch.float16, torch.bfloat16) else f"the fused GPU kernels need bf16/fp16, not {dtype}")
+        raise ValueError(f"{why}; only the slow math kernel could run: use bfloat16, or ask for "
+                         f"the math backend explicitly")
     if backend == "auto":
         return usable[0]
     if backend not in usable:
@@ -118,32 +126,18 @@ class _VarlenAttention(torch.autograd.Function):
     def forward(ctx: Any, layout: _Layout, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
                 *flat: torch.Tensor) -> torch.Tensor:
         kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
-        if layout.backend in KERNELS:
-            forward = KERNELS[layout.backend][0]
-            out_thd, lse_th = forward(q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
-            ctx.save_for_backward(q_thd, k_tkd, v_tkd, out_thd, lse_th, *flat)
-        else:
-            out_thd = library_call(layout.backend, q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
-            ctx.save_for_backward(q_thd, k_tkd, v_tkd, *flat)
+        out_thd, lse = KERNELS[layout.backend][0](q_thd, kf_tkd, vf_tkd, layout.cu_q, cu_full, layout.scale)
+        ctx.save_for_backward(q_thd, k_tkd, v_tkd, out_thd, lse, *flat)
         ctx.layout = layout
         return out_thd
 
     @staticmethod
     def backward(ctx: Any, dout_thd: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         layout: _Layout = ctx.layout
-        if layout.backend in KERNELS:
-            backward = KERNELS[layout.backend][1]
-            q_thd, k_tkd, v_tkd, out_thd, lse_th, *flat = ctx.saved_tensors
-            kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
-            dq, dk_full, dv_full = backward(dout_thd.contiguous(), q_thd, kf_tkd, vf_tkd, out_thd,
-                                                  lse_th, layout.cu_q, cu_full, layout.scale)
-        else:
-            q_thd, k_tkd, v_tkd, *flat = ctx.saved_tensors
-            kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
-            with torch.enable_grad():
-                inputs = [t.detach().requires_grad_() for t in (q_thd, kf_tkd, vf_tkd)]
-                out = library_call(layout.backend, *inputs, layout.cu_q, cu_full, layout.scale)
-                dq, dk_full, dv_full = torch.autograd.grad(out, inputs, dout_thd)
+        q_thd, k_tkd, v_tkd, out_thd, lse, *flat = ctx.saved_tensors
+        kf_tkd, vf_tkd, cu_full = layout.full_keys(k_tkd, v_tkd, flat)
+        dq, dk_full, dv_full = KERNELS[layout.backend][1](dout_thd.contiguous(), q_thd, kf_tkd, vf_tkd, out_thd,
+                                                          lse, layout.cu_q, cu_full, layout.scale)
         dk, dv, piece_grads = layout.split_key_grads(dk_full, dv_full, cu_full, flat)
         return (None, dq, dk, dv, *piece_grads)
 

@@ -20,18 +20,17 @@ what keeps NCCL (which ignores tags) from deadlocking. Then:
   ``verify`` exactly (up to summation order).
 - The optimizer (any ``torch.optim`` optimizer over the rank's parameters) then steps.
 
-Failure handling: ``init`` sets the process-group timeout; each step starts with a
-``monitored_barrier`` (gloo names the rank that did not arrive) and runs under a ``Watchdog`` that
-ends the process with a one-line message if the step outlives the timeout, so a dead or hanging
-rank never leaves the others waiting forever.
+Failure handling (``runtime.waits``): every wait on another rank (the step barrier, each receive,
+the completion of sends, compute actions with tensor- or context-parallel collectives, the gradient
+and loss all-reduces) is named to a ``WaitMonitor``, which ends the process with one line naming
+this rank, the action and the peer rank(s) once the wait outlives ``timeout_s``. The step barrier
+is a ``monitored_barrier`` on gloo, which names the missing rank itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import os
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,11 +46,11 @@ from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
 from slimpack.runtime.model import ModelStage, Transformer
 from slimpack.runtime.p2p import PeerFailure, PipelineLinks
 from slimpack.runtime.tensor_parallel import local, loss_context, parallelize_model
+from slimpack.runtime.waits import WaitMonitor, fault_point, process_group_timeout
 from slimpack.schedule.lowering import Transfer, lower_action, walk
 from slimpack.sim.result import Span
 
 DEFAULT_TIMEOUT_S = 300.0
-EXIT_PEER_FAILURE = 3
 
 
 def init(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -60,48 +59,27 @@ def init(*, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) ->
     if dist.is_initialized():
         return
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend=backend, timeout=process_group_timeout(timeout_s))
 
 
-class Watchdog:
-    """Ends the process with a clear message when the code under it outlives ``timeout_s``.
-
-    A collective or a receive from a dead peer usually raises on its own (gloo: "connection closed"),
-    but a peer that hangs without dying makes a blocking receive wait for the process-group timeout
-    or, for some transports, forever. This is the backstop.
-    """
-
-    def __init__(self, timeout_s: float, what: str) -> None:
-        self.timeout_s, self.what = timeout_s, what
-        self._timer: threading.Timer | None = None
-
-    def _fire(self) -> None:
-        rank = dist.get_rank() if dist.is_initialized() else "?"
-        print(f"slimpack: rank {rank}: {self.what} did not finish within {self.timeout_s:.0f} s; another rank "
-              f"has probably died or hangs. Aborting.", file=sys.stderr, flush=True)
-        os._exit(EXIT_PEER_FAILURE)
-
-    def __enter__(self) -> Watchdog:
-        self._timer = threading.Timer(self.timeout_s, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._timer is not None
-        self._timer.cancel()
-
-
-def check_peers(timeout_s: float) -> None:
-    """A monitored barrier (gloo): raises ``PeerFailure`` naming the missing rank(s)."""
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
-        else:
+def check_peers(timeout_s: float, monitor: WaitMonitor, step: int) -> None:
+    """The step's barrier. gloo's monitored barrier names the missing rank(s) itself (raises
+    ``PeerFailure``); on other backends the monitor covers the barrier."""
+    fault_point("barrier", dist.get_rank())
+    if dist.get_backend() != "gloo":
+        with monitor.waiting(f"step {step}: the step barrier", "another rank"):
             dist.barrier()
+        return
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
     except RuntimeError as exc:
         raise PeerFailure(f"rank {dist.get_rank()}: a peer rank did not reach the step barrier within "
                           f"{timeout_s:.0f} s: {str(exc).splitlines()[0]}") from exc
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Peers a wait depends on, for its message: "rank 3" or "one of ranks 1, 2"."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"one of ranks {', '.join(map(str, ranks))}"
 
 
 @dataclass
@@ -150,26 +128,31 @@ class RankRuntime:
         self.hidden = model.config.hidden
         self.backend = backend
         self.timeout_s = timeout_s
+        self.monitor = WaitMonitor(timeout_s, self.rank)
         self.optimizer = optimizer(self.parameters) if optimizer is not None else None
         if model.config.tie_embeddings and self.num_chunks > 1:
             # the embedding would live on the first and the last chunk and need one more reduction
             raise NotImplementedError("tied embeddings over several stages are not supported by the "
                                       "distributed runtime")
 
+    def close(self) -> None:
+        """Stop watching waits (the monitor's thread ends)."""
+        self.monitor.close()
+
     # ---- one step -------------------------------------------------------------------------------
     def step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool = False,
              optimizer_step: bool = True) -> StepResult:
         """Run the plan's pipelines that this rank takes part in, reduce gradients, step."""
-        # the barrier reports a missing rank within timeout_s; the watchdog is the backstop for the
-        # step as a whole (a peer that hangs mid-step), so it leaves the barrier time to report first
-        with Watchdog(2 * self.timeout_s + 5, f"step {plan.step}"), loss_context(self.mesh.tp):
-            check_peers(self.timeout_s)
+        with loss_context(self.mesh.tp):
+            check_peers(self.timeout_s, self.monitor, plan.step)
             return self._step(plan, tokens, track_memory=track_memory, optimizer_step=optimizer_step)
 
     def _step(self, plan: Plan, tokens: Mapping[int, torch.Tensor], *, track_memory: bool,
               optimizer_step: bool) -> StepResult:
         self.mesh.check_plan(plan)
-        self.groups.ensure_cp_groups(plan)
+        others = [r for r in range(self.mesh.world_size) if r != self.rank]
+        with self._watched(others, f"step {plan.step}: creating the plan's context-parallel groups"):
+            self.groups.ensure_cp_groups(plan)  # collective: every rank creates the same groups
         if plan.config.parallel.virtual_stages * self.mesh.pp != self.num_chunks:
             raise ValueError(f"the plan has {plan.config.parallel.virtual_stages} virtual stages, this runtime "
                              f"was built for {self.num_chunks // self.mesh.pp}")
@@ -179,7 +162,7 @@ class RankRuntime:
             p.grad = None
         began = time.perf_counter()
         result = StepResult(loss=0.0)
-        loss = torch.zeros((), dtype=torch.float64)
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         peaks = []
         for index in self.mesh.pipelines_of(plan, self.rank):
             pipe = plan.pipelines[index]
@@ -195,15 +178,17 @@ class RankRuntime:
                 tracker=ActivationTracker(exclude=self.parameters) if track_memory else None,
                 shard=shard, cp_group=cp_group)
                 for v in self.chunk_ids}
-            loss += self._run_pipeline(index, pipe, executors, began, result)
+            loss += self._run_pipeline(plan.step, index, pipe, executors, began, result)
             peaks += [e.tracker.peak_bytes for e in executors.values() if e.tracker is not None]
         result.peak_activation_bytes = max(peaks, default=0)
         compute_end = time.perf_counter()
-        self._reduce_gradients()
+        self._reduce_gradients(plan.step)
         # last-stage ranks hold a loss (each cp rank its tokens' share); tp ranks hold the same one
-        loss_t = (loss if self.position.tp_rank == 0 else torch.zeros_like(loss)).to(self.device)
-        dist.all_reduce(loss_t)
-        result.loss = float(loss_t)
+        loss_t = loss if self.position.tp_rank == 0 else torch.zeros_like(loss)
+        fault_point("loss all-reduce", self.rank)
+        with self._watched(others, f"step {plan.step}: the loss all-reduce"):
+            dist.all_reduce(loss_t)
+            result.loss = float(loss_t)  # the step's one host synchronisation
         sync_end = time.perf_counter()
         # the pipeline this rank's replica belongs to (under DP-Merge, not the replica's own index)
         pipeline = next(i for i, pipe in enumerate(plan.pipelines) if self.replica in pipe.replicas)
@@ -215,7 +200,7 @@ class RankRuntime:
         result.spans.append(Span(pipeline, self.stage, "optim", -1, 0, sync_end - began, end - began, 0))
         return result
 
-    def _run_pipeline(self, index: int, pipe: PipelinePlan, executors: Mapping[int, StageExecutor],
+    def _run_pipeline(self, step_index: int, index: int, pipe: PipelinePlan, executors: Mapping[int, StageExecutor],
                       began: float, result: StepResult) -> torch.Tensor:
         assert pipe.order is not None, "a Plan resolves every pipeline's order when it is made"
         pp, chunks = self.mesh.pp, self.num_chunks // self.mesh.pp
@@ -226,8 +211,12 @@ class RankRuntime:
 
         links = PipelineLinks(walk(pipe.order, chunks=chunks, where=f"pipelines[{index}]"), stage=self.stage,
                               pp=pp, rank_of_stage=lambda stage: self.mesh.peer(self.rank, stage), rows=rows,
-                              hidden=self.hidden, dtype=self.dtype, device=self.device)
-        loss = torch.zeros((), dtype=torch.float64)
+                              hidden=self.hidden, dtype=self.dtype, device=self.device, monitor=self.monitor,
+                              what=f"step {step_index}: ")
+        # compute actions wait on their tensor- and context-parallel peers inside collectives
+        collective_peers = sorted(set(self._tp_ranks()) | set(self.mesh.cp_ranks(pipe, self.stage, self.position.tp_rank))
+                                  - {self.rank})
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         for action in pipe.order[self.stage]:
             received = None
             start = time.perf_counter()
@@ -236,12 +225,11 @@ class RankRuntime:
                 if step.op == "recv":
                     received = links.receive(step.transfer)  # type: ignore[arg-type]
                     start = time.perf_counter()
-                elif step.op == "compute" and action.kind == "F":
-                    out = executor.forward(action.group, received)
-                    if step.vstage == self.num_chunks - 1:
-                        loss += out.sum().double().cpu() / max(executor.num_loss_tokens, 1)
                 elif step.op == "compute":
-                    out = executor.backward(action.group, received)
+                    with self._watched(collective_peers, f"step {step_index}: computing {action}"):
+                        out = (executor.forward if action.kind == "F" else executor.backward)(action.group, received)
+                    if action.kind == "F" and step.vstage == self.num_chunks - 1:  # stays on the device
+                        loss += out.sum().double() / max(executor.num_loss_tokens, 1)
                 else:
                     links.send(step.transfer, out)  # type: ignore[arg-type]
                 if step.op == "compute":
@@ -257,7 +245,14 @@ class RankRuntime:
                                    f"{tuple(executor.unfinished()[0])}")
         return loss
 
-    def _reduce_gradients(self) -> None:
+    def _watched(self, peers: Sequence[int], action: str) -> contextlib.AbstractContextManager[None]:
+        return self.monitor.waiting(action, ranks_text(peers)) if peers else contextlib.nullcontext()
+
+    def _tp_ranks(self) -> list[int]:
+        pos = self.position
+        return [self.mesh.rank(pos.replica, pos.stage, cp_rank=pos.cp_rank, tp_rank=t) for t in range(self.mesh.tp)]
+
+    def _reduce_gradients(self, step: int) -> None:
         """Sum each parameter's gradient over the stage's replicas and cp ranks, as one flat tensor."""
         for p in self.parameters:
             if p.grad is None:
@@ -265,7 +260,10 @@ class RankRuntime:
         if self.groups.stage_group is not None:
             grads = [local(p.grad) for p in self.parameters]  # this rank's tensor-parallel shards
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.groups.stage_group)
+            fault_point("gradient all-reduce", self.rank)
+            peers = [r for r in self.mesh.stage_ranks(self.stage, self.position.tp_rank) if r != self.rank]
+            with self.monitor.waiting(f"step {step}: the gradient all-reduce", ranks_text(peers)):
+                dist.all_reduce(flat, group=self.groups.stage_group)
             at = 0
             for g in grads:
                 n = g.numel()

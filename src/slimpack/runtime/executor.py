@@ -59,6 +59,50 @@ class _Piece:
     v_tkd: torch.Tensor
 
 
+@dataclass(frozen=True, slots=True)
+class _CellIndex:
+    """A cell's index tensors on the device: built for every cell when the executor is made (one
+    host-to-device copy per plan, none per action)."""
+
+    positions: torch.Tensor
+    """Each row's position in its sample (RoPE)."""
+    fg_rows: torch.Tensor | None
+    """Rows in the forward group's layout (None: the identity)."""
+    bg_rows: torch.Tensor | None
+    """Rows in the backward group's layout (None: the identity)."""
+    gather: tuple[torch.Tensor, int] | None
+    """``gather_rows``'s (row index, padded rows per rank) under context parallelism, else None."""
+
+
+def _cell_indices(layout: GroupLayout, device: torch.device) -> dict[tuple[int, int], _CellIndex]:
+    """Every cell's ``_CellIndex``, cut from one tensor copied to the device once."""
+    specs = [spec for cells in layout.cells.values() for spec in cells]
+    values: list[int] = []
+    spans: list[list[tuple[int, int] | None]] = []
+    widths = []
+    for spec in specs:
+        gather = layout.gather_order(spec) if layout.shard[1] > 1 else None
+        widths.append(gather[1] if gather is not None else 0)
+        parts = [[q for p in spec.pieces for q in range(p.start, p.end)],
+                 None if spec.fg_identity else spec.fg_rows, None if spec.bg_identity else spec.bg_rows,
+                 None if gather is None else gather[0]]
+        spans.append([])
+        for part in parts:
+            spans[-1].append(None if part is None else (len(values), len(values) + len(part)))
+            values.extend(part or [])
+    flat = torch.tensor(values, dtype=torch.long).to(device)
+
+    def cut(span: tuple[int, int] | None) -> torch.Tensor | None:
+        return None if span is None else flat[span[0]:span[1]]
+
+    indices = {}
+    for spec, (positions, fg, bg, gather), width in zip(specs, spans, widths, strict=True):
+        gathered = cut(gather)
+        indices[spec.key] = _CellIndex(positions=cut(positions), fg_rows=cut(fg), bg_rows=cut(bg),  # type: ignore[arg-type]
+                                       gather=None if gathered is None else (gathered, width))
+    return indices
+
+
 @dataclass
 class _CellState:
     """What a forwarded cell keeps until its backward."""
@@ -131,6 +175,7 @@ class StageExecutor:
         self.layout = GroupLayout(forward, backward, sample_lengths, name=name, shard=shard)
         self.forward_groups, self.backward_groups = self.layout.forward, self.layout.backward
         self.lengths = self.layout.lengths
+        self._index = _cell_indices(self.layout, self.device)
         self.num_loss_tokens = (num_loss_tokens if num_loss_tokens is not None
                                 else count_loss_tokens(self.lengths[s] for s in self.layout.by_sample))
         self._forwarded: set[Slice] = set()
@@ -199,8 +244,9 @@ class StageExecutor:
         xs: list[torch.Tensor] = []
         tables = []
         leaves: list[torch.Tensor | None] = []
-        gathers = [self._gather_order(spec) for spec in specs]
+        gathers = [self._index[spec.key].gather for spec in specs]
         for spec in specs:
+            index = self._index[spec.key]
             if self.stage.has_embedding:
                 ids = torch.cat([self.tokens[spec.runs[p.run].sample_id][p.start:p.end] for p in spec.pieces]
                                 or [torch.zeros(0, dtype=torch.long, device=self.device)])
@@ -208,13 +254,10 @@ class StageExecutor:
                 leaves.append(None)
             else:
                 assert inputs is not None
-                rows = inputs if spec.fg_identity else inputs[torch.tensor(spec.fg_rows, device=self.device)]
+                rows = inputs if index.fg_rows is None else inputs[index.fg_rows]
                 xs.append(rows.detach().requires_grad_())
                 leaves.append(xs[-1])
-            positions = torch.arange(0, device=self.device)
-            if spec.pieces:
-                positions = torch.cat([torch.arange(p.start, p.end, device=self.device) for p in spec.pieces])
-            tables.append(rope_tables(positions, cfg.head_dim, dtype=self.dtype))
+            tables.append(rope_tables(index.positions, cfg.head_dim, dtype=self.dtype))
         states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
         for layer_index, block in enumerate(self.stage.layers):
@@ -242,13 +285,6 @@ class StageExecutor:
                 state.root = _OutputPort.apply(x, state.port)
                 outputs.append(x.detach())
         return states, outputs
-
-    def _gather_order(self, spec: CellSpec) -> tuple[torch.Tensor, int] | None:
-        """(row index, padded rows per rank) of ``gather_rows`` for a cell, None without cp."""
-        if self.layout.shard[1] == 1:
-            return None
-        order, width = self.layout.gather_order(spec)
-        return torch.tensor(order, dtype=torch.long, device=self.device), width
 
     def _attend(self, spec: CellSpec, layer_index: int, q_thd: torch.Tensor,
                 kv_own: tuple[torch.Tensor, torch.Tensor], kv_runs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -286,7 +322,10 @@ class StageExecutor:
                     if self.tracker is not None:
                         state.handles += [self.tracker.hold(k_leaf), self.tracker.hold(v_leaf)]
                 assert v_leaf is not None
-                piece = _Piece(run.start, run.end, k_leaf[rows:rows + n], v_leaf[rows:rows + n])
+                if n == k_leaf.shape[0]:  # the whole leaf: its gradient needs no view's backward
+                    piece = _Piece(run.start, run.end, k_leaf, v_leaf)
+                else:
+                    piece = _Piece(run.start, run.end, k_leaf[rows:rows + n], v_leaf[rows:rows + n])
                 layers = self._kv.setdefault(run.sample_id, [[] for _ in self.stage.layers])
                 layers[layer_index].append(piece)
                 state.published.append((run.sample_id, layer_index, piece))
@@ -310,7 +349,8 @@ class StageExecutor:
             return outputs[0]
         out = outputs[0].new_empty((num_tokens, *outputs[0].shape[1:]))
         for spec, rows in zip(specs, outputs, strict=True):
-            out[torch.tensor(spec.fg_rows, device=self.device)] = rows
+            fg_rows = self._index[spec.key].fg_rows
+            out[slice(None) if fg_rows is None else fg_rows] = rows
         return out
 
     # ---- backward ------------------------------------------------------------------------------
@@ -364,9 +404,8 @@ class StageExecutor:
             grads.append(torch.ones_like(state.root))
             if state.port is not None:
                 assert grad_output is not None
-                spec = state.spec
-                state.port.grad = (grad_output if spec.bg_identity
-                                   else grad_output[torch.tensor(spec.bg_rows, device=self.device)])
+                bg_rows = self._index[state.spec.key].bg_rows
+                state.port.grad = grad_output if bg_rows is None else grad_output[bg_rows]
             for k, v, k_leaf, v_leaf in state.kv:
                 for tensor, leaf in ((k, k_leaf), (v, v_leaf)):
                     if leaf.grad is not None:
@@ -376,10 +415,11 @@ class StageExecutor:
         for state in states:
             if grad_input is not None:
                 assert state.x_te is not None and state.x_te.grad is not None
-                if state.spec.bg_identity:
+                bg_rows = self._index[state.spec.key].bg_rows
+                if bg_rows is None:
                     grad_input.copy_(state.x_te.grad)
                 else:
-                    grad_input[torch.tensor(state.spec.bg_rows, device=self.device)] = state.x_te.grad
+                    grad_input[bg_rows] = state.x_te.grad
             for sample_id, layer_index, piece in state.published:
                 layers = self._kv.get(sample_id)
                 if layers is not None:

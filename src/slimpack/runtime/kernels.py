@@ -3,7 +3,8 @@ laid out in full (prefix pieces in front of the own keys), causal with bottom-ri
 
 A kernel pair is ``forward(q, k, v, cu_q, cu_k, scale) -> (out, lse)`` and
 ``backward(dout, q, k, v, out, lse, cu_q, cu_k, scale) -> (dq, dk, dv)``; the backward recomputes the
-scores from q, k and the log-sum-exp (FlashAttention's scheme), nothing else is kept.
+scores from q, k and the log-sum-exp (FlashAttention's scheme), nothing else is kept. The LSE's
+layout is the kernel's own ((T, H) for ``math``/``cpu``, the library's for the GPU kernels).
 
 - ``math``: blockwise softmax in plain torch (any device and dtype), written from the definition;
   score blocks hold at most ``MATH_BLOCK_ELEMENTS`` elements.
@@ -13,13 +14,16 @@ scores from q, k and the log-sum-exp (FlashAttention's scheme), nothing else is 
   no mask) and against its last n_q keys (a square, causal). The two partial results are merged by
   their log-sum-exps; the backward of each part, given the merged output and log-sum-exp, yields
   exactly that part's share of the gradients (the same identity ring attention relies on).
-- GPU libraries (``flash_attn``, torch's ``varlen_attn``) are called through ``library_call``.
+- ``flash``: flash-attn's varlen forward (which returns the LSE) and its varlen backward kernel.
+- ``torch``: torch's own varlen flash-attention ops (``torch.nn.attention.varlen``), forward and
+  backward, the fallback where flash-attn is not installed.
 
 Shape suffixes: T tokens, H query heads, K KV heads, D head dim, N keys.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any
 
@@ -130,19 +134,10 @@ def _masked_scores(q_kgqd: torch.Tensor, k_kdn: torch.Tensor, first_query: int, 
     return scores.masked_fill(cols > rows + offset, float("-inf"))
 
 
-def _per_head(x_tkd: torch.Tensor, group: int) -> torch.Tensor:
-    """(T, K, D) -> (1, H, T, D) with each KV head repeated for its ``group`` query heads."""
-    if group > 1:
-        x_tkd = x_tkd.repeat_interleave(group, dim=1)
+def _heads_first(x_tkd: torch.Tensor) -> torch.Tensor:
+    """(T, K, D) -> (1, K, T, D), a view. The CPU kernels take fewer KV heads than query heads
+    (GQA: query head h reads KV head h // (H/K)) and return dK/dV per KV head, so nothing is repeated."""
     return x_tkd.transpose(0, 1).unsqueeze(0)
-
-
-def _to_kv_heads(g_1htd: torch.Tensor, group: int) -> torch.Tensor:
-    """(1, H, T, D) gradient -> (T, K, D), summing the query heads that share a KV head."""
-    g_thd = g_1htd[0].transpose(0, 1)
-    if group > 1:
-        g_thd = g_thd.unflatten(1, (-1, group)).sum(2)
-    return g_thd
 
 
 def _cpu_parts(n_q: int, n_k: int) -> list[tuple[int, int, bool]]:
@@ -155,17 +150,16 @@ def _cpu_parts(n_q: int, n_k: int) -> list[tuple[int, int, bool]]:
 def cpu_forward(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, cu_q: list[int],
                 cu_k: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    group = q_thd.shape[1] // k_tkd.shape[1]
     out_thd = torch.empty_like(q_thd)
     lse_th: torch.Tensor | None = None
     for (q0, q1), (k0, k1) in zip(_bounds(cu_q), _bounds(cu_k), strict=True):
         if q1 == q0:
             continue
-        q_1htd = q_thd[q0:q1].transpose(0, 1).unsqueeze(0)
-        k_1hnd, v_1hnd = _per_head(k_tkd[k0:k1], group), _per_head(v_tkd[k0:k1], group)
+        q_1htd = _heads_first(q_thd[q0:q1])
+        k_1knd, v_1knd = _heads_first(k_tkd[k0:k1]), _heads_first(v_tkd[k0:k1])
         out, lse = None, None
         for a, b, causal in _cpu_parts(q1 - q0, k1 - k0):
-            part_out, part_lse = op(q_1htd, k_1hnd[:, :, a:b], v_1hnd[:, :, a:b], 0.0, causal, scale=scale)
+            part_out, part_lse = op(q_1htd, k_1knd[:, :, a:b], v_1knd[:, :, a:b], 0.0, causal, scale=scale)
             if out is None:
                 out, lse = part_out, part_lse
             else:
@@ -187,44 +181,117 @@ def cpu_backward(dout_thd: torch.Tensor, q_thd: torch.Tensor, k_tkd: torch.Tenso
                  out_thd: torch.Tensor, lse_th: torch.Tensor, cu_q: list[int], cu_k: list[int],
                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-    group = q_thd.shape[1] // k_tkd.shape[1]
     dq_thd = torch.zeros_like(q_thd)
     dk_tkd = torch.zeros_like(k_tkd)
     dv_tkd = torch.zeros_like(v_tkd)
     for (q0, q1), (k0, k1) in zip(_bounds(cu_q), _bounds(cu_k), strict=True):
         if q1 == q0:
             continue
-        q_1htd = q_thd[q0:q1].transpose(0, 1).unsqueeze(0)
-        do_1htd = dout_thd[q0:q1].transpose(0, 1).unsqueeze(0)
-        out_1htd = out_thd[q0:q1].transpose(0, 1).unsqueeze(0)
+        q_1htd, do_1htd, out_1htd = (_heads_first(t[q0:q1]) for t in (q_thd, dout_thd, out_thd))
         lse_1ht = lse_th[q0:q1].T.unsqueeze(0)
-        k_1hnd, v_1hnd = _per_head(k_tkd[k0:k1], group), _per_head(v_tkd[k0:k1], group)
+        k_1knd, v_1knd = _heads_first(k_tkd[k0:k1]), _heads_first(v_tkd[k0:k1])
         for a, b, causal in _cpu_parts(q1 - q0, k1 - k0):
-            dq, dk, dv = op(do_1htd, q_1htd, k_1hnd[:, :, a:b], v_1hnd[:, :, a:b], out_1htd, lse_1ht, 0.0,
+            dq, dk, dv = op(do_1htd, q_1htd, k_1knd[:, :, a:b], v_1knd[:, :, a:b], out_1htd, lse_1ht, 0.0,
                             causal, scale=scale)
             dq_thd[q0:q1] += dq[0].transpose(0, 1)
-            dk_tkd[k0 + a:k0 + b] += _to_kv_heads(dk, group)
-            dv_tkd[k0 + a:k0 + b] += _to_kv_heads(dv, group)
+            dk_tkd[k0 + a:k0 + b] += dk[0].transpose(0, 1)
+            dv_tkd[k0 + a:k0 + b] += dv[0].transpose(0, 1)
     return dq_thd, dk_tkd, dv_tkd
 
 
-def library_call(backend: str, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
-                  cu_q: list[int], cu_k: list[int], scale: float) -> torch.Tensor:
-    """One causal varlen call of a GPU library (autograd through the library's own backward)."""
-    device = q_thd.device
-    cu_q_t = torch.tensor(cu_q, dtype=torch.int32, device=device)
-    cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=device)
-    max_q = max(b - a for a, b in _bounds(cu_q))
-    max_k = max(b - a for a, b in _bounds(cu_k))
-    if backend == "flash":
-        from flash_attn import flash_attn_varlen_func
+# ---- GPU libraries: their forward keeps the log-sum-exp, their backward kernel uses it ----------
+# Both are called one packed call per cell with the prefix in front of each segment's own keys
+# (bottom-right causal), so no partial results need merging; the LSE stays in the library's layout.
+# These are the libraries' internal entry points (the public functions hide the LSE inside their own
+# autograd graph), so ``has_flash``/``has_torch_varlen`` admit only the versions they were written for.
 
-        return flash_attn_varlen_func(q_thd, k_tkd, v_tkd, cu_q_t, cu_k_t, max_q, max_k,
-                                      softmax_scale=scale, causal=True)
-    varlen_attn = torch_varlen()
-    assert varlen_attn is not None
-    return varlen_attn(q_thd, k_tkd, v_tkd, cu_q_t, cu_k_t, max_q, max_k, scale=scale,
-                       window_size=(-1, 0), enable_gqa=q_thd.shape[1] != k_tkd.shape[1])
+FLASH_MIN_VERSION = (2, 6)
+"""flash-attn 2.6 added ``softcap`` to ``_flash_attn_varlen_backward``; the keyword call below needs it."""
 
 
-KERNELS = {"math": (math_forward, math_backward), "cpu": (cpu_forward, cpu_backward)}
+@functools.cache
+def has_flash() -> bool:
+    if not has_module("flash_attn"):
+        return False
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("flash_attn")
+    except PackageNotFoundError:
+        return False
+    return tuple(int(part) for part in found.split(".")[:2] if part.isdigit()) >= FLASH_MIN_VERSION
+
+
+@functools.cache
+def has_torch_varlen() -> bool:
+    return torch_varlen() is not None and hasattr(torch.ops.torch_attn, "_varlen_attn_backward")
+
+
+def flash_library() -> Any:
+    from flash_attn import flash_attn_interface
+
+    return flash_attn_interface
+
+
+def torch_library() -> Any:
+    torch_varlen()  # importing the module registers torch's varlen ops
+    return torch.ops.torch_attn
+
+
+@functools.lru_cache(maxsize=1024)
+def _device_offsets(cu: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``cu_seqlens`` as int32 on ``device``: copied once per distinct list (every layer of a cell
+    reuses it), not once per call."""
+    return torch.tensor(cu, dtype=torch.int32).to(device)
+
+
+def _library_args(q_thd: torch.Tensor, cu_q: list[int], cu_k: list[int]) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(cu_q, cu_k on the device, longest query segment, longest key segment)."""
+    return (_device_offsets(tuple(cu_q), q_thd.device), _device_offsets(tuple(cu_k), q_thd.device),
+            max(b - a for a, b in _bounds(cu_q)), max(b - a for a, b in _bounds(cu_k)))
+
+
+def flash_forward(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, cu_q: list[int],
+                  cu_k: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if q_thd.shape[-1] % 8:
+        raise ValueError(f"flash_attn needs a head dim that is a multiple of 8, got {q_thd.shape[-1]}")
+    out_thd, lse, *_ = flash_library()._flash_attn_varlen_forward(
+        q_thd, k_tkd, v_tkd, *_library_args(q_thd, cu_q, cu_k), dropout_p=0.0, softmax_scale=scale, causal=True)
+    return out_thd, lse
+
+
+def flash_backward(dout_thd: torch.Tensor, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
+                   out_thd: torch.Tensor, lse: torch.Tensor, cu_q: list[int], cu_k: list[int],
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq_thd, dk_tkd, dv_tkd = torch.empty_like(q_thd), torch.empty_like(k_tkd), torch.empty_like(v_tkd)
+    flash_library()._flash_attn_varlen_backward(
+        dout_thd, q_thd, k_tkd, v_tkd, out_thd, lse, dq_thd, dk_tkd, dv_tkd, *_library_args(q_thd, cu_q, cu_k),
+        dropout_p=0.0, softmax_scale=scale, causal=True, window_size_left=-1, window_size_right=-1, softcap=0.0,
+        alibi_slopes=None, deterministic=False)
+    return dq_thd, dk_tkd, dv_tkd
+
+
+# torch's varlen attention is causal with bottom-right alignment for the window (-1, 0)
+_TORCH_CAUSAL_WINDOW = [-1, 0]
+
+
+def torch_forward(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, cu_q: list[int],
+                  cu_k: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out_thd, lse, _rng = torch_library()._varlen_attn(
+        q_thd, k_tkd, v_tkd, *_library_args(q_thd, cu_q, cu_k), True, scale, _TORCH_CAUSAL_WINDOW,
+        q_thd.shape[1] != k_tkd.shape[1])
+    return out_thd, lse
+
+
+def torch_backward(dout_thd: torch.Tensor, q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor,
+                   out_thd: torch.Tensor, lse: torch.Tensor, cu_q: list[int], cu_k: list[int],
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rng_state = torch.zeros((2,), dtype=torch.uint64, device=q_thd.device)  # no dropout: unused
+    dq, dk, dv = torch_library()._varlen_attn_backward(
+        dout_thd, q_thd, k_tkd, v_tkd, out_thd, lse, *_library_args(q_thd, cu_q, cu_k), True, rng_state, scale,
+        _TORCH_CAUSAL_WINDOW)
+    return dq, dk, dv
+
+
+KERNELS = {"math": (math_forward, math_backward), "cpu": (cpu_forward, cpu_backward),
+           "flash": (flash_forward, flash_backward), "torch": (torch_forward, torch_backward)}

@@ -8,7 +8,6 @@ The text is the CPython standard library as bytes (offline, byte-level vocabular
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from slimpack.runtime.loader import PlanningLoader
 from slimpack.runtime.mesh import Mesh
 from slimpack.runtime.model import build_model
 from slimpack.runtime.tensor_parallel import check_tensor_parallel
+from slimpack.runtime.waits import process_group_timeout
 from slimpack.sim.result import Span
 from slimpack.sim.trace import spans_trace
 from slimpack.strategies.stream import PlannedStep
@@ -58,7 +58,7 @@ class TrainOptions:
     log_json: str | None = None
     """Rank 0 writes the per-step records (JSON) here."""
     timeout_s: float = 300.0
-    """A step (or a peer) slower than this aborts the job."""
+    """Any wait on another rank longer than this aborts the job (``runtime.waits``)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -88,7 +88,7 @@ def init_process_group(config: Config, timeout_s: float) -> None:
     else:
         store = Path(tempfile.mkdtemp(prefix="slimpack-train-")) / "store"
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=process_group_timeout(timeout_s))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
@@ -142,6 +142,7 @@ class Trainer:
             raise UserError(str(exc)) from None
         finally:
             loader.close()
+            runtime.close()
         self._write_outputs(spans, records, say)
         dist.destroy_process_group()
         return records
