@@ -70,6 +70,7 @@ def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     (["verify", "--plan", "PLAN", "--model", "llama2-70b"], "use a smaller --model"),
     (["verify", "--plan", "PLAN", "--tolerance", "-1"], "expected a finite number > 0"),
     (["verify", "--plan", "PLAN", "--backend", "flash"], "--backend: attention backend 'flash' cannot run"),
+    (["verify", "--plan", "PLAN", "--precision", "bf16", "--dtype", "float64"], "keeps float32 master weights"),
     (["train", "--lr", "-1"], "expected a finite number > 0"),
     (["train", "--lr", "nan"], "expected a finite number > 0"),
     (["train", "--timeout", "0"], "expected a finite number > 0"),

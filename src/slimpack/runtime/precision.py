@@ -17,9 +17,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-PRECISIONS = ("full", "bf16")
-"""``full``: everything in the model's dtype; ``bf16``: this module."""
-
 
 class MixedPrecision:
     def __init__(self, master: nn.Module, compute_dtype: torch.dtype = torch.bfloat16) -> None:

@@ -15,14 +15,17 @@ of the largest gradient entry of the model, for parameters whose true gradient i
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
 
 from slimpack.config import ModelConfig, resolve_model
 from slimpack.config.hf import is_hf_config
+from slimpack.errors import UserError
 from slimpack.plan.types import Plan
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.model import Transformer, build_model
@@ -105,14 +108,19 @@ class VerifyResult:
     def loss_error(self) -> float:
         return abs(self.loss - self.reference_loss) / max(abs(self.reference_loss), 1e-300)
 
+    def param_error(self, param: ParamError) -> float:
+        """A parameter's error: largest-entry relative in full precision, relative L2 in bf16."""
+        return param.relative if self.precision == "full" else param.relative_l2
+
     @property
     def max_grad_error(self) -> float:
-        """The worst parameter's error: largest-entry relative in full precision, relative L2 in bf16."""
-        return max((p.relative if self.precision == "full" else p.relative_l2 for p in self.params), default=0.0)
+        return max((self.param_error(p) for p in self.params), default=0.0)
+
+    def grad_tolerance(self, tolerance: float) -> float:
+        return max(tolerance, BF16_BASELINE_FACTOR * self.baseline_grad_error)
 
     def passed(self, tolerance: float) -> bool:
-        grad_tolerance = max(tolerance, BF16_BASELINE_FACTOR * self.baseline_grad_error)
-        return self.loss_error <= tolerance and self.max_grad_error <= grad_tolerance
+        return self.loss_error <= tolerance and self.max_grad_error <= self.grad_tolerance(tolerance)
 
 
 def random_tokens(lengths: Mapping[int, int], vocab_size: int, seed: int = 0,
@@ -145,13 +153,21 @@ def plan_lengths(plan: Plan) -> dict[int, int]:
     return {sid: lengths[sid] for sid in sorted(used)}
 
 
+def import_hf_model() -> ModuleType:
+    """``runtime.hf_model``, or one clear line when transformers is missing."""
+    try:
+        return importlib.import_module("slimpack.runtime.hf_model")
+    except ImportError as exc:
+        raise UserError(f"a Hugging Face model needs transformers ({exc.name} is missing): "
+                        f"install slimpack[hf]") from None
+
+
 def build_numerics_model(model: ModelConfig | str, config: ModelConfig, *, seed: int, dtype: torch.dtype,
                          device: torch.device | str) -> torch.nn.Module:
     """The model to run for ``config`` (``numerics_model``'s result): transformers' own model when
     ``model`` names a Hugging Face config.json (``hf_model``), else the home-made ``model.Transformer``."""
     if isinstance(model, str) and is_hf_config(model):
-        from slimpack.runtime.hf_model import build_hf_model  # transformers only when asked for
-
+        build_hf_model = import_hf_model().build_hf_model  # transformers only when asked for
         return build_hf_model(model, num_layers=config.num_layers, seed=seed, dtype=dtype, device=device)
     return build_model(config, seed=seed, dtype=dtype, device=device)
 
@@ -159,9 +175,7 @@ def build_numerics_model(model: ModelConfig | str, config: ModelConfig, *, seed:
 def _reference(net: torch.nn.Module, tokens: Mapping[int, torch.Tensor], num_loss: int) -> torch.Tensor:
     if isinstance(net, Transformer):
         return reference_loss(net, tokens, num_loss_tokens=num_loss)
-    from slimpack.runtime.hf_model import hf_reference_loss
-
-    return hf_reference_loss(net, tokens, num_loss_tokens=num_loss)  # type: ignore[arg-type]
+    return import_hf_model().hf_reference_loss(net, tokens, num_loss_tokens=num_loss)
 
 
 def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.dtype = torch.float64,
