@@ -22,6 +22,7 @@ from slimpack.config import (
     load_config,
 )
 from slimpack.config.efficiency import EFFICIENCY_PRESETS, efficiency_preset
+from slimpack.config.hf import is_hf_config
 from slimpack.errors import UserError
 from slimpack.plan import Plan
 
@@ -175,3 +176,8 @@ def plan_summary(plan: Plan) -> str:
 
 __all__ = ["add_config_arguments", "check_output", "config_from_args", "non_negative_int", "plan_summary",
            "positive_float", "positive_int", "print_json"]
+
+
+def hf_config_arg(args: argparse.Namespace) -> str | None:
+    """``--model`` when it names a Hugging Face config.json (the runtime then runs transformers' model)."""
+    return args.model if args.model and is_hf_config(args.model) else None

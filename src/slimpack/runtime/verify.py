@@ -15,20 +15,16 @@ of the largest gradient entry of the model, for parameters whose true gradient i
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 import torch
 
 from slimpack.config import ModelConfig, resolve_model
-from slimpack.config.hf import is_hf_config
-from slimpack.errors import UserError
 from slimpack.plan.types import Plan
 from slimpack.runtime.loss import count_loss_tokens
-from slimpack.runtime.model import Transformer, build_model
+from slimpack.runtime.models import build_runtime_model, reference_run
 from slimpack.runtime.pipeline import (
     build_executors,
     default_actions,
@@ -36,7 +32,6 @@ from slimpack.runtime.pipeline import (
     run_stage_orders,
 )
 from slimpack.runtime.precision import MixedPrecision
-from slimpack.runtime.reference import reference_loss
 
 DEFAULT_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 BF16_TOLERANCE = 5e-2
@@ -153,31 +148,6 @@ def plan_lengths(plan: Plan) -> dict[int, int]:
     return {sid: lengths[sid] for sid in sorted(used)}
 
 
-def import_hf_model() -> ModuleType:
-    """``runtime.hf_model``, or one clear line when transformers is missing."""
-    try:
-        return importlib.import_module("slimpack.runtime.hf_model")
-    except ImportError as exc:
-        raise UserError(f"a Hugging Face model needs transformers ({exc.name} is missing): "
-                        f"install slimpack[hf]") from None
-
-
-def build_numerics_model(model: ModelConfig | str, config: ModelConfig, *, seed: int, dtype: torch.dtype,
-                         device: torch.device | str) -> torch.nn.Module:
-    """The model to run for ``config`` (``numerics_model``'s result): transformers' own model when
-    ``model`` names a Hugging Face config.json (``hf_model``), else the home-made ``model.Transformer``."""
-    if isinstance(model, str) and is_hf_config(model):
-        build_hf_model = import_hf_model().build_hf_model  # transformers only when asked for
-        return build_hf_model(model, num_layers=config.num_layers, seed=seed, dtype=dtype, device=device)
-    return build_model(config, seed=seed, dtype=dtype, device=device)
-
-
-def _reference(net: torch.nn.Module, tokens: Mapping[int, torch.Tensor], num_loss: int) -> torch.Tensor:
-    if isinstance(net, Transformer):
-        return reference_loss(net, tokens, num_loss_tokens=num_loss)
-    return import_hf_model().hf_reference_loss(net, tokens, num_loss_tokens=num_loss)
-
-
 def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.dtype = torch.float64,
                 seed: int = 0, backend: str = "auto", device: torch.device | str = "cpu",
                 use_order: bool = True, track_memory: bool = False, precision: str = "full") -> VerifyResult:
@@ -191,7 +161,7 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
     lengths = plan_lengths(plan)
     tokens = random_tokens(lengths, config.vocab_size, seed, device)
     num_loss = count_loss_tokens(lengths.values())
-    net = build_numerics_model(model, config, seed=seed, dtype=dtype, device=device)
+    net = build_runtime_model(model, config, seed=seed, dtype=dtype, device=device)
     compute = net if precision == "full" else MixedPrecision(net).compute
 
     net.zero_grad(set_to_none=True)
@@ -213,13 +183,13 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
              for name, p in net.named_parameters()}
 
     net.zero_grad(set_to_none=True)
-    ref = _reference(net, tokens, num_loss)
+    ref = reference_run(net, tokens, num_loss)
     ref_grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in net.named_parameters()}
     errors = gradient_errors(grads, ref_grads)
     baseline = 0.0
     if compute is not net:  # the unsliced run in bf16: what bf16 costs without slicing
         net.zero_grad(set_to_none=True)
-        _reference(compute, tokens, num_loss)
+        reference_run(compute, tokens, num_loss)
         unsliced = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in net.named_parameters()}
         baseline = max((e.relative_l2 for e in gradient_errors(unsliced, ref_grads)), default=0.0)
     net.zero_grad(set_to_none=True)
