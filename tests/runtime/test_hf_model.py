@@ -138,3 +138,63 @@ def test_bf16_mixed_precision_against_float32(tmp_path, kind) -> None:
     assert mixed.loss_error < BF16_TOLERANCE
     if kind == "tiny":
         assert mixed.max_grad_error < BF16_TOLERANCE
+
+
+def hf_extras_per_token(config, *, layers: int, last: bool) -> int:
+    """Bytes per token transformers' plain-torch ops keep beyond the home-made model (float32): each
+    RMSNorm's normalised copy (``weight * normed`` saves it), the MLP's SiLU output (``act * up``
+    saves both factors, the lean SiLU-gate keeps gate and up only), and rotary tables at full head
+    width (cos and sin, D each; the home-made tables are D/2)."""
+    m, b = config.model, 4
+    extra = layers * (2 * m.hidden + m.ffn_hidden) * b + m.head_dim * b
+    if last:
+        extra += m.hidden * b  # the final norm's normalised copy
+    return extra
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_hf_activation_memory_against_the_cost_model(tmp_path, pp) -> None:
+    """The HF path keeps exactly the cost model's bytes, plus the home-made model's small extras,
+    plus ``hf_extras_per_token`` (about +30% for the tiny shape: docs/runtime.md)."""
+    from test_memory import ACTIONS, LENGTHS, PIPE, extras_per_token
+
+    from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
+    from slimpack.cost import CostModel
+
+    tiny = model_preset("tiny")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": tiny.hidden, "intermediate_size": tiny.ffn_hidden,
+        "num_hidden_layers": tiny.num_layers, "num_attention_heads": tiny.num_heads,
+        "num_key_value_heads": tiny.num_kv_heads, "vocab_size": tiny.vocab_size, "tie_word_embeddings": False}))
+    net = build_hf_model(tmp_path / "config.json", dtype=torch.float32)
+    config = build_config(model=tiny, parallel=ParallelConfig(pp=pp), train=TrainConfig(recompute="none"))
+    cost = CostModel(config)
+    executors = build_executors(net, PIPE, num_chunks=pp, sample_lengths=LENGTHS,
+                                tokens=random_tokens(LENGTHS, tiny.vocab_size),
+                                num_loss_tokens=count_loss_tokens(LENGTHS.values()), track_memory=True)
+    in_flight: set[Slice] = set()
+    layers = tiny.num_layers // pp
+    peaks = [[0, 0.0] for _ in executors]
+
+    def record(action) -> None:
+        groups = PIPE.forward if action.kind == "F" else PIPE.backward
+        (in_flight.update if action.kind == "F" else in_flight.difference_update)(groups[action.group])
+        live = sum(s.tokens for s in in_flight)
+        for v, e in enumerate(executors):
+            last = v == pp - 1
+            modelled = cost.activation_bytes(live, virtual_stage=v)
+            per_token = (extras_per_token(config, layers=layers, first=v == 0, last=last)
+                         + hf_extras_per_token(config, layers=layers, last=last))
+            assert e.tracker.current_bytes == modelled + per_token * live + 4 * e.live_cells * last, (v, action)
+            peaks[v] = [max(peaks[v][0], e.tracker.current_bytes), max(peaks[v][1], modelled)]
+
+    run_in_order(executors, ACTIONS, on_action=record)
+    print(f"HF pp={pp} peak measured/model per stage: " + ", ".join(f"{m / p:.4f}" for m, p in peaks))
+
+
+def test_unsupported_families_are_refused(tmp_path) -> None:
+    from slimpack.errors import UserError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma", **COMMON}))
+    with pytest.raises(UserError, match="runs Hugging Face model types llama, mistral, qwen2, qwen3, not 'gemma'"):
+        build_hf_model(tmp_path / "config.json")

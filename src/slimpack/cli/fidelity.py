@@ -15,6 +15,7 @@ from slimpack.cli.common import (
     add_config_arguments,
     add_planner_arguments,
     config_from_args,
+    hf_config_arg,
     non_negative_int,
     positive_float,
     positive_int,
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for name in strategies:
         rows.append(fidelity_row(config, dataset, name, step=args.step, repeats=args.repeats, threads=args.threads,
-                                 timeout_s=args.timeout, rescale=args.rescale))
+                                 timeout_s=args.timeout, rescale=args.rescale, hf_config=hf_config_arg(args)))
         if not args.json:
             print(_line(rows[-1], args.rescale), flush=True)
     time_mape, mem_mape = mape([r.step_error for r in rows]), mape([r.memory_error for r in rows])

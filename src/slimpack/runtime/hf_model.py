@@ -32,11 +32,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from slimpack.config import ModelConfig
 from slimpack.config.hf import model_from_hf_config, read_hf_config
+from slimpack.errors import UserError
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.model import Attend, layer_ranges
 
 ATTENTION = "slimpack"
 """The name of the executor's attention in transformers' ``AttentionInterface``."""
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""Families whose ``*Model.forward`` is embed -> layers -> norm, which the stages reproduce (Gemma,
+plannable, scales its embeddings inside ``forward`` and is not run)."""
 
 
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -117,6 +121,9 @@ def build_hf_model(path: str | Path, *, num_layers: int | None = None, seed: int
     global generator is left as it was). ``num_layers`` overrides the config's layer count (random
     weights only)."""
     data = read_hf_config(path)
+    if data.get("model_type") not in MODEL_TYPES:
+        raise UserError(f"{path}: the runtime runs Hugging Face model types {', '.join(MODEL_TYPES)}, "
+                        f"not {data.get('model_type')!r}")
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     if num_layers is not None:
         data = {**data, "num_hidden_layers": num_layers}
