@@ -198,3 +198,13 @@ def test_unsupported_families_are_refused(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma", **COMMON}))
     with pytest.raises(UserError, match="runs Hugging Face model types llama, mistral, qwen2, qwen3, not 'gemma'"):
         build_hf_model(tmp_path / "config.json")
+
+
+def test_local_weights_beside_the_config_are_loaded(tmp_path, models) -> None:
+    """A checkpoint directory (config.json + *.safetensors) gives its weights, whatever the seed."""
+    models["qwen2"].hf.save_pretrained(tmp_path / "ckpt")
+    loaded = build_hf_model(tmp_path / "ckpt", seed=99, dtype=torch.float64)
+    saved = dict(models["qwen2"].named_parameters())
+    assert all(torch.equal(p, saved[n]) for n, p in loaded.named_parameters())
+    assert not torch.equal(build_hf_model(write_config(tmp_path / "fresh", "qwen2"), seed=99).hf.lm_head.weight,
+                           saved["hf.lm_head.weight"])
