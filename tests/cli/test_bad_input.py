@@ -78,6 +78,7 @@ def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     (["train", "--trace-dir", "/sys/slimpack-traces"], "--trace-dir /sys/slimpack-traces: cannot write there"),
     (["train", "--log-json", "/proc/x/log.json"], "--log-json /proc/x/log.json: cannot write there"),
     (["train", "--pp", "2"], "needs 2 processes"),
+    (["train", "--precision", "bf16", "--dtype", "float64"], "keeps float32 master weights: use --dtype float32"),
 ])
 def test_runtime_commands(cli, capsys, tmp_path, files, argv, message, monkeypatch):
     torch = pytest.importorskip("torch")
