@@ -211,3 +211,9 @@ def test_local_weights_beside_the_config_are_loaded(tmp_path, models) -> None:
     assert all(torch.equal(p, saved[n]) for n, p in loaded.named_parameters())
     assert not torch.equal(build_hf_model(write_config(tmp_path / "fresh", "qwen2"), seed=99).hf.lm_head.weight,
                            saved["hf.lm_head.weight"])
+    from slimpack.errors import UserError
+
+    with pytest.raises(UserError, match="the checkpoint has 4 layers, the pipeline's stages need 6"):
+        build_hf_model(tmp_path / "ckpt", num_layers=6)
+    (tmp_path / "ckpt" / "model.safetensors").unlink()  # the saved config (with layer_types) alone
+    assert build_hf_model(tmp_path / "ckpt", num_layers=6).config.num_layers == 6

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from slimpack.cli.common import positive_float, positive_int
 from slimpack.config.defaults import PRECISIONS
-from slimpack.errors import UserError
+from slimpack.errors import InvalidPlanError, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         result = verify_plan(plan, model=args.model, dtype=dtype, seed=args.seed, backend=args.backend,
                              device=device, use_order=not args.ignore_order, precision=args.precision)
     except ValueError as exc:  # a ScheduleError too: the order cannot run
+        if isinstance(exc, UserError) and not isinstance(exc, InvalidPlanError):
+            raise  # a bad --model, e.g. a checkpoint the plan's stages cannot split: exit 2
         print(f"slimpack verify: FAILED, the plan cannot be executed: {exc}")
         return 1
     _report(args, plan, result, tolerance)

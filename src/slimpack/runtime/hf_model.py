@@ -119,26 +119,33 @@ def build_hf_model(path: str | Path, *, num_layers: int | None = None, seed: int
     """The model of the Hugging Face ``config.json`` at ``path`` (file or directory): the checkpoint's
     weights when ``*.safetensors`` lie beside it, else random weights drawn from ``seed`` (torch's
     global generator is left as it was). ``num_layers`` overrides the config's layer count (random
-    weights only)."""
+    weights only: a checkpoint with another count is refused)."""
     data = read_hf_config(path)
     if data.get("model_type") not in MODEL_TYPES:
         raise UserError(f"{path}: the runtime runs Hugging Face model types {', '.join(MODEL_TYPES)}, "
                         f"not {data.get('model_type')!r}")
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    if num_layers is not None:
-        data = {**data, "num_hidden_layers": num_layers}
     config = model_from_hf_config(data, name=folder.resolve().name)
+    checkpoint = any(folder.glob("*.safetensors"))
+    if num_layers is not None and num_layers != config.num_layers:
+        if checkpoint:
+            raise UserError(f"{folder}: the checkpoint has {config.num_layers} layers, the pipeline's stages "
+                            f"need {num_layers}; pick a pp x virtual stages (or stage_layers) that splits "
+                            f"{config.num_layers} layers")
+        data = {**data, "num_hidden_layers": num_layers}
+        if "layer_types" in data:  # all full attention (config.hf refuses others), one per layer
+            data["layer_types"] = ["full_attention"] * num_layers
     fields = {key: value for key, value in data.items() if key != "model_type"}
     hf_config = AutoConfig.for_model(data["model_type"], **fields)
     hf_config._attn_implementation = ATTENTION
-    if any(folder.glob("*.safetensors")) and num_layers in (None, data.get("num_hidden_layers")):
+    if checkpoint:
         hf = AutoModelForCausalLM.from_pretrained(folder, config=hf_config, dtype=dtype, local_files_only=True)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             hf = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     hf.train()
-    return HFModel(hf.to(device), dataclasses.replace(config, num_layers=hf_config.num_hidden_layers))
+    return HFModel(hf.to(device), dataclasses.replace(config, num_layers=data["num_hidden_layers"]))
 
 
 def hf_reference_loss(model: HFModel, tokens: Mapping[int, torch.Tensor], *, num_loss_tokens: int | None = None,
