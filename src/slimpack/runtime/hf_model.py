@@ -51,8 +51,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     if attend is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    if dropout:
-        raise ValueError("attention dropout is not supported by the sliced executor")
+    assert not dropout, "build_hf_model refuses attention dropout"
     out_thd = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), scaling)
     return out_thd[None], None
 
@@ -124,6 +123,8 @@ def build_hf_model(path: str | Path, *, num_layers: int | None = None, seed: int
     if data.get("model_type") not in MODEL_TYPES:
         raise UserError(f"{path}: the runtime runs Hugging Face model types {', '.join(MODEL_TYPES)}, "
                         f"not {data.get('model_type')!r}")
+    if data.get("attention_dropout"):  # random per call: no two runs could agree
+        raise UserError(f"{path}: attention_dropout={data['attention_dropout']} is not supported; set it to 0")
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     config = model_from_hf_config(data, name=folder.resolve().name)
     checkpoint = any(folder.glob("*.safetensors"))

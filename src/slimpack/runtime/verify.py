@@ -1,7 +1,8 @@
 """Check a Plan's numerics: run it through the executors and through the reference, compare.
 
 The plan's samples keep their lengths (tokens are tokens); only the model is swapped for a small
-one (``tiny`` by default) so the check runs on a CPU. Tokens are random, drawn per sample from
+one (``tiny`` by default, or transformers' model of a Hugging Face config.json, whose reference is
+its own unpacked forward: ``models``) so the check runs on a CPU. Tokens are random, drawn per sample from
 (seed, sample id). Every pipeline of the plan runs on the same parameters, so gradients add up over
 pipelines as data-parallel all-reduce would; the loss is normalised by the loss tokens of all of the
 plan's (non-deferred) samples. Each pipeline runs in its per-stage ``order`` (which checks the order
@@ -9,7 +10,8 @@ too; a plan always carries one), or with ``use_order=False`` all forward groups,
 
 Errors: the loss's relative difference, and per parameter max|g − g_ref| / max|g_ref| (relative to
 the largest reference entry, so entries near zero do not blow it up; floored at ``RELATIVE_FLOOR``
-of the largest gradient entry of the model, for parameters whose true gradient is zero).
+of the largest gradient entry of the model, for parameters whose true gradient is zero). With bf16
+compute (``precision="bf16"``) the per-parameter relative L2 error, next to the unsliced bf16 run's.
 """
 
 from __future__ import annotations
@@ -148,6 +150,13 @@ def plan_lengths(plan: Plan) -> dict[int, int]:
     return {sid: lengths[sid] for sid in sorted(used)}
 
 
+def _taken_grads(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient (zeros where none), taken off the parameters."""
+    grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in net.named_parameters()}
+    net.zero_grad(set_to_none=True)
+    return grads
+
+
 def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.dtype = torch.float64,
                 seed: int = 0, backend: str = "auto", device: torch.device | str = "cpu",
                 use_order: bool = True, track_memory: bool = False, precision: str = "full") -> VerifyResult:
@@ -179,22 +188,17 @@ def verify_plan(plan: Plan, *, model: ModelConfig | str = "tiny", dtype: torch.d
             loss = loss + run_in_order(executors, default_actions(pipe)).double()
         if track_memory:
             peaks.append(tuple(e.tracker.peak_bytes for e in executors if e.tracker is not None))
-    grads = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-             for name, p in net.named_parameters()}
-
-    net.zero_grad(set_to_none=True)
+    grads = _taken_grads(net)
     ref = reference_run(net, tokens, num_loss)
-    ref_grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in net.named_parameters()}
+    ref_grads = _taken_grads(net)
     errors = gradient_errors(grads, ref_grads)
     baseline = 0.0
     if compute is not net:  # the unsliced run in bf16: what bf16 costs without slicing
-        net.zero_grad(set_to_none=True)
         reference_run(compute, tokens, num_loss)
-        unsliced = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p in net.named_parameters()}
-        baseline = max((e.relative_l2 for e in gradient_errors(unsliced, ref_grads)), default=0.0)
-    net.zero_grad(set_to_none=True)
+        baseline = max((e.relative_l2 for e in gradient_errors(_taken_grads(net), ref_grads)), default=0.0)
+    dtype_name = str(dtype).removeprefix("torch.") + (f", {precision} compute" if precision != "full" else "")
     return VerifyResult(
-        model=config, dtype=str(dtype).removeprefix("torch.") + (f", {precision} compute" if precision != "full" else ""), loss=float(loss), reference_loss=float(ref),
+        model=config, dtype=dtype_name, loss=float(loss), reference_loss=float(ref),
         params=tuple(errors), num_samples=len(lengths), num_tokens=sum(lengths.values()),
         num_slices=sum(len(g) for pipe in plan.pipelines for g in pipe.forward),
         num_pipelines=len(plan.pipelines), asymmetric_pipelines=sum(not p.symmetric for p in plan.pipelines),
