@@ -115,6 +115,7 @@ def test_dataset_inputs(cli, capsys, tmp_path, text_files, argv, message):
     (["verify", "--plan", "PLAN", "--model", "llama2-70b"], "use a smaller --model"),
     (["verify", "--plan", "PLAN", "--tolerance", "-1"], "expected a finite number > 0"),
     (["verify", "--plan", "PLAN", "--backend", "flash"], "--backend: attention backend 'flash' cannot run"),
+    (["verify", "--plan", "PLAN", "--precision", "bf16", "--dtype", "float64"], "keeps float32 master weights"),
     (["train", "--lr", "-1"], "expected a finite number > 0"),
     (["train", "--lr", "nan"], "expected a finite number > 0"),
     (["train", "--timeout", "0"], "expected a finite number > 0"),
@@ -123,6 +124,7 @@ def test_dataset_inputs(cli, capsys, tmp_path, text_files, argv, message):
     (["train", "--log-json", "/proc/x/log.json"], "--log-json /proc/x/log.json: cannot write there"),
     (["train", "--pp", "2"], "needs 2 processes"),
     (["fidelity", "--dataset", "OBJ", "--column", "n"], "a .npy file has no columns (got column='n')"),
+    (["train", "--precision", "bf16", "--dtype", "float64"], "keeps float32 master weights: use --dtype float32"),
 ])
 def test_runtime_commands(cli, capsys, tmp_path, files, argv, message, monkeypatch):
     torch = pytest.importorskip("torch")

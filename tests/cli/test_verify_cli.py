@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,17 @@ def test_without_torch_the_message_says_what_to_install(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == "slimpack verify: error: slimpack verify needs PyTorch: install slimpack[torch]"
+
+
+def test_verify_runs_a_hugging_face_config_in_bf16(tmp_path, capsys) -> None:
+    """--model config.json runs transformers' own model; --precision bf16 checks bf16 compute with
+    float32 master gradients against float32."""
+    pytest.importorskip("transformers")
+    config = {"model_type": "qwen2", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 40, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = write_plan(tmp_path)
+    assert main(["verify", "--plan", plan, "--model", str(tmp_path / "config.json"), "--precision", "bf16"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "k_proj.bias" in out and "float32, bf16 compute" in out
+    assert "the unsliced bf16 run's worst is" in out and "PASSED" in out

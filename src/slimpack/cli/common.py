@@ -14,6 +14,7 @@ from typing import Any
 
 from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, Config
 from slimpack.config.efficiency import EFFICIENCY_PRESETS
+from slimpack.config.hf import is_hf_config
 from slimpack.config.overrides import configure
 from slimpack.data import SUFFIXES, Dataset, bundled_datasets, context_cut, load_dataset
 from slimpack.errors import UserError
@@ -178,3 +179,8 @@ def plan_summary(plan: Plan) -> str:
 __all__ = ["add_config_arguments", "add_dataset_arguments", "check_output", "config_from_args", "context_note",
            "dataset_from_args", "non_negative_int", "plan_summary",
            "positive_float", "positive_int", "print_json"]
+
+
+def hf_config_arg(args: argparse.Namespace) -> str | None:
+    """``--model`` when it names a Hugging Face config.json (the runtime then runs transformers' model)."""
+    return args.model if args.model and is_hf_config(args.model) else None

@@ -18,6 +18,7 @@ from slimpack.cli.common import (
     config_from_args,
     context_note,
     dataset_from_args,
+    hf_config_arg,
     non_negative_int,
     positive_float,
     positive_int,
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for name in strategies:
         rows.append(fidelity_row(config, dataset, name, step=args.step, repeats=args.repeats, threads=args.threads,
-                                 timeout_s=args.timeout, rescale=args.rescale))
+                                 timeout_s=args.timeout, rescale=args.rescale, hf_config=hf_config_arg(args)))
         if not args.json:
             print(_line(rows[-1], args.rescale), flush=True)
     time_mape, mem_mape = mape([r.step_error for r in rows]), mape([r.memory_error for r in rows])

@@ -17,11 +17,12 @@ from slimpack.cli.common import (
     add_planner_arguments,
     check_output,
     config_from_args,
+    hf_config_arg,
     positive_float,
     positive_int,
 )
 from slimpack.compare.run import check_strategies
-from slimpack.config.defaults import RUNTIME_CONFIG
+from slimpack.config.defaults import PRECISIONS, RUNTIME_CONFIG
 from slimpack.errors import UserError
 
 HELP = "train a model on plans of a strategy over torch.distributed (torchrun; CPython stdlib text)"
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=2, metavar="N", help="optimizer steps (default 2)")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--precision", choices=PRECISIONS, default="full",
+                        help="full: compute in --dtype; bf16: bf16 compute with float32 master weights, "
+                             "gradients and gradient reduction (default full)")
     parser.add_argument("--attention", choices=("auto", "cpu", "math", "flash", "torch"), default="auto",
                         help="attention backend (default auto: the fastest usable here)")
     parser.add_argument("--shuffle", action="store_true", help="visit documents in a seeded random order")
@@ -58,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     options = TrainOptions(strategy=args.strategy, steps=args.steps, lr=args.lr, dtype=args.dtype,
                            attention=args.attention, shuffle=args.shuffle, max_files=args.max_files,
                            plan_ahead=args.plan_ahead, trace_dir=args.trace_dir, log_json=args.log_json,
-                           timeout_s=args.timeout)
+                           timeout_s=args.timeout, precision=args.precision,
+                           hf_config=hf_config_arg(args))
     if args.trace_dir:
         check_output(args.trace_dir, "--trace-dir", directory=True)
     if args.log_json:

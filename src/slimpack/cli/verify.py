@@ -11,7 +11,8 @@ import argparse
 from typing import TYPE_CHECKING
 
 from slimpack.cli.common import positive_float, positive_int
-from slimpack.errors import UserError
+from slimpack.config.defaults import PRECISIONS
+from slimpack.errors import InvalidPlanError, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -27,10 +28,14 @@ DEFAULT_MAX_TOKENS = 64 * 1024
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, metavar="FILE", help="plan file (JSON) to verify")
-    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
-                        help="precision of the check (default float64)")
+    parser.add_argument("--dtype", choices=("float64", "float32"),
+                        help="precision of the weights and the check (default float64; float32 with --precision bf16)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="full",
+                        help="full: compute in --dtype; bf16: bf16 compute with float32 master weights and "
+                             "gradients, checked against the float32 run (default full)")
     parser.add_argument("--model", default="tiny", metavar="M",
-                        help="model preset for the numerics (default tiny); the plan's sample lengths are kept")
+                        help="model preset or a Hugging Face config.json (runs transformers' model, needs "
+                             "slimpack[hf]) for the numerics (default tiny); the plan's sample lengths are kept")
     parser.add_argument("--seed", type=int, default=0, help="seed for the weights and the random tokens")
     parser.add_argument("--tolerance", type=positive_float, metavar="X",
                         help="largest relative error accepted (default 1e-10 for float64, 1e-5 for float32)")
@@ -54,9 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     plan, model, dtype, device, tolerance = _checked_inputs(args)
     try:
-        result = verify_plan(plan, model=model, dtype=dtype, seed=args.seed, backend=args.backend,
-                             device=device, use_order=not args.ignore_order)
+        result = verify_plan(plan, model=args.model, dtype=dtype, seed=args.seed, backend=args.backend,
+                             device=device, use_order=not args.ignore_order, precision=args.precision)
     except ValueError as exc:  # a ScheduleError too: the order cannot run
+        if isinstance(exc, UserError) and not isinstance(exc, InvalidPlanError):
+            raise  # a bad --model, e.g. a checkpoint the plan's stages cannot split: exit 2
         print(f"slimpack verify: FAILED, the plan cannot be executed: {exc}")
         return 1
     _report(args, plan, result, tolerance)
@@ -70,12 +77,20 @@ def _checked_inputs(args: argparse.Namespace) -> tuple[Plan, ModelConfig, torch.
     from slimpack.plan import load_plan
     from slimpack.runtime.attention import resolve_backend
     from slimpack.runtime.device import check_fits, usable_device
-    from slimpack.runtime.verify import DEFAULT_TOLERANCE, numerics_model, plan_lengths
+    from slimpack.runtime.verify import (
+        BF16_TOLERANCE,
+        DEFAULT_TOLERANCE,
+        numerics_model,
+        plan_lengths,
+    )
 
     device = usable_device(args.device)
-    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    if args.precision == "bf16" and args.dtype == "float64":
+        raise UserError("--precision bf16 keeps float32 master weights: leave out --dtype or pass float32")
+    dtype_name = args.dtype or ("float32" if args.precision == "bf16" else "float64")
+    dtype = torch.float64 if dtype_name == "float64" else torch.float32
     try:
-        resolve_backend(args.backend, device, dtype)
+        resolve_backend(args.backend, device, torch.bfloat16 if args.precision == "bf16" else dtype)
     except ValueError as exc:
         raise UserError(f"--backend: {exc}") from None
     plan = load_plan(args.plan)
@@ -90,8 +105,9 @@ def _checked_inputs(args: argparse.Namespace) -> tuple[Plan, ModelConfig, torch.
     par = plan.config.parallel
     model = numerics_model(args.model, par.pp * par.virtual_stages, par.stage_layers)
     if not args.force:  # weights and two sets of gradients (packed run, reference run)
-        check_fits(3 * model.num_params() * dtype.itemsize, device, f"model {model.name} in {args.dtype}")
-    tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE[dtype]
+        check_fits(3 * model.num_params() * dtype.itemsize, device, f"model {model.name} in {dtype_name}")
+    default = BF16_TOLERANCE if args.precision == "bf16" else DEFAULT_TOLERANCE[dtype]
+    tolerance = args.tolerance if args.tolerance is not None else default
     return plan, model, dtype, device, tolerance
 
 
@@ -114,12 +130,15 @@ def _report(args: argparse.Namespace, plan: Plan, result: VerifyResult, toleranc
     for column in ("elements", "max |g_ref|", "max |g - g_ref|", "relative", ""):
         table.add_column(column, justify="right")
     for p in result.params:
-        ok = p.relative <= tolerance
+        ok = result.param_error(p) <= result.grad_tolerance(tolerance)
         table.add_row(p.name, str(p.numel), f"{p.max_abs_reference:.3e}", f"{p.max_abs_error:.3e}",
-                      f"{p.relative:.2e}", "ok" if ok else "[bold red]FAIL[/]")
+                      f"{result.param_error(p):.2e}", "ok" if ok else "[bold red]FAIL[/]")
     console.print(table)
     console.print(f"loss {result.loss:.15g} vs reference {result.reference_loss:.15g}: relative difference "
                   f"{result.loss_error:.2e}")
+    if result.precision != "full":
+        console.print(f"{result.precision} compute: gradient errors are relative L2 norms; the unsliced "
+                      f"{result.precision} run's worst is {result.baseline_grad_error:.2e}")
     verdict = "[bold green]PASSED[/]" if result.passed(tolerance) else "[bold red]FAILED[/]"
     console.print(f"{verdict}: worst gradient error {result.max_grad_error:.2e}, loss error "
                   f"{result.loss_error:.2e} (tolerance {tolerance:.0e})")

@@ -25,3 +25,7 @@ RUNTIME_CONFIG = build_config(model="tiny", train=RUNTIME_TRAIN)
 CALIBRATION_CONFIG = build_config(
     model="tiny", train=TrainConfig(max_context=2048, global_batch_tokens=8192, recompute="none"))
 """Where ``calibrate`` starts: the tiny model, groups up to 2K tokens timed."""
+
+PRECISIONS = ("full", "bf16")
+"""Runtime precision: ``full`` computes in the model's dtype; ``bf16`` computes in bf16 with float32
+master weights and gradients (``runtime.precision``)."""

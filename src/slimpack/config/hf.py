@@ -116,6 +116,14 @@ def _field(data: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
+def is_hf_config(name_or_path: str | Path) -> bool:
+    """Whether ``--model`` names a Hugging Face config (a model the runtime builds with transformers)
+    rather than a preset or a slimpack model JSON."""
+    if isinstance(name_or_path, str) and name_or_path in MODEL_PRESETS:
+        return False
+    return Path(name_or_path).exists() and "model_type" in read_hf_config(name_or_path)
+
+
 def resolve_model(name_or_path: str | Path) -> ModelConfig:
     """What ``--model`` accepts: a preset name, a Hugging Face ``config.json`` (file or directory),
     or a slimpack model JSON (the fields of :class:`ModelConfig`)."""
@@ -134,4 +142,4 @@ def resolve_model(name_or_path: str | Path) -> ModelConfig:
     return model_from_hf_config(data, name=name)
 
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "model_from_hf_config", "read_hf_config", "resolve_model"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "is_hf_config", "model_from_hf_config", "read_hf_config", "resolve_model"]

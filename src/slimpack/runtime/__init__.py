@@ -6,6 +6,9 @@ Modules, read top to bottom:
   memory model counts;
 - ``attention``: ``varlen_attention``, sliced variable-length causal attention with backends;
 - ``model``: a Llama-style decoder built from a ``ModelConfig``, cut into stages by layer ranges;
+- ``hf_model``: transformers' own decoder models from a ``config.json`` as stages (optional, imports
+  transformers); ``models`` picks the home-made or the HF model; ``precision``: bf16 compute with
+  float32 master weights and gradients;
 - ``loss``: token-level LM targets and the globally normalised cross-entropy;
 - ``executor``: ``StageExecutor``, which runs F/B actions of a pipeline's groups on one stage, one
   autograd graph per cell (``slimpack.plan.cells``);

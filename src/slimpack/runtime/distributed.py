@@ -45,6 +45,7 @@ from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
 from slimpack.runtime.model import ModelStage, Transformer
 from slimpack.runtime.p2p import PeerFailure, PipelineLinks
+from slimpack.runtime.precision import MixedPrecision
 from slimpack.runtime.tensor_parallel import local, loss_context, parallelize_model
 from slimpack.runtime.waits import WaitMonitor, fault_point, process_group_timeout
 from slimpack.schedule.lowering import Transfer, lower_action, walk
@@ -104,7 +105,7 @@ class RankRuntime:
     def __init__(self, model: Transformer, mesh: Mesh, *, virtual_stages: int = 1, stage_layers: Sequence[int] = (),
                  groups: ProcessGroups | None = None, backend: str = "auto",
                  optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, precision: MixedPrecision | None = None) -> None:
         self.mesh = mesh
         self.rank = dist.get_rank()
         self.position = mesh.position(self.rank)
@@ -125,6 +126,12 @@ class RankRuntime:
                     self.parameters.append(p)
         param = self.parameters[0]
         self.device, self.dtype = param.device, param.dtype
+        # mixed precision: ``model`` is the bf16 compute copy; gradients, their reduction and the
+        # optimizer are the float32 master weights'
+        self.compute_parameters = self.parameters
+        self.precision = precision
+        if precision is not None:
+            self.parameters = precision.masters(self.parameters)
         self.hidden = model.config.hidden
         self.backend = backend
         self.timeout_s = timeout_s
@@ -175,7 +182,7 @@ class RankRuntime:
                 sample_lengths={sid: lengths[sid] for sid in used},
                 tokens={sid: tokens[sid] for sid in used} if (v == 0 or v == self.num_chunks - 1) else None,
                 num_loss_tokens=num_loss, backend=self.backend, name=f"pipeline {index} stage {self.stage}",
-                tracker=ActivationTracker(exclude=self.parameters) if track_memory else None,
+                tracker=ActivationTracker(exclude=self.compute_parameters) if track_memory else None,
                 shard=shard, cp_group=cp_group)
                 for v in self.chunk_ids}
             loss += self._run_pipeline(plan.step, index, pipe, executors, began, result)
@@ -196,6 +203,8 @@ class RankRuntime:
         if optimizer_step and self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.precision is not None:
+                self.precision.sync()
         end = time.perf_counter()
         result.spans.append(Span(pipeline, self.stage, "optim", -1, 0, sync_end - began, end - began, 0))
         return result

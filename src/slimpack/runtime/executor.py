@@ -47,8 +47,7 @@ from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attentio
 from slimpack.runtime.context_parallel import gather_rows
 from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
-from slimpack.runtime.model import ModelStage
-from slimpack.runtime.ops import rope_tables
+from slimpack.runtime.model import Attend, ModelStage
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +140,23 @@ class _GradHolder:
 
     def __init__(self) -> None:
         self.grad: torch.Tensor | None = None
+
+
+def _attention_order(specs: Sequence[CellSpec], name: str) -> list[int]:
+    """Indices of a forward group's cells, each after the cells holding earlier slices of its
+    samples: a layer runs cell by cell, and a cell's attention reads those cells' K/V of the same
+    layer as its prefix. Valid plans have such an order (a cycle would also deadlock backward)."""
+    def reads(later: CellSpec, earlier: CellSpec) -> bool:
+        return any(a.sample_id == b.sample_id and b.end <= a.start for a in later.runs for b in earlier.runs)
+
+    left, order = list(range(len(specs))), []
+    while left:
+        ready = next((i for i in left if not any(j != i and reads(specs[i], specs[j]) for j in left)), None)
+        if ready is None:
+            raise ScheduleError(f"{name}: the cells {[specs[i].key for i in left]} read each other's K/V")
+        order.append(ready)
+        left.remove(ready)
+    return order
 
 
 class StageExecutor:
@@ -240,7 +256,6 @@ class StageExecutor:
 
     def _forward_cells(self, specs: list[CellSpec],
                        inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
-        cfg = self.stage.config
         xs: list[torch.Tensor] = []
         tables = []
         leaves: list[torch.Tensor | None] = []
@@ -257,21 +272,14 @@ class StageExecutor:
                 rows = inputs if index.fg_rows is None else inputs[index.fg_rows]
                 xs.append(rows.detach().requires_grad_())
                 leaves.append(xs[-1])
-            tables.append(rope_tables(index.positions, cfg.head_dim, dtype=self.dtype))
+            tables.append(self.stage.position_table(index.positions))
         states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
-        for layer_index, block in enumerate(self.stage.layers):
-            qkv = []
-            for x, table, gather in zip(xs, tables, gathers, strict=True):
-                q, k, v = block.attention_inputs(x, *table)
-                runs = (k, v)
-                if gather is not None:  # context parallel: every cp rank's K/V rows of the cell
-                    runs = (gather_rows(k, *gather, self.cp_group), gather_rows(v, *gather, self.cp_group))
-                qkv.append((q, (k, v), runs))
-            for state, (_, _, (k, v)) in zip(states, qkv, strict=True):
-                self._publish(state, layer_index, k, v)
-            for i, (state, (q, own, runs)) in enumerate(zip(states, qkv, strict=True)):
-                xs[i] = block.finish(xs[i], self._attend(state.spec, layer_index, q, own, runs))
+        order = _attention_order(specs, self.name)
+        for layer_index in range(len(self.stage.layers)):
+            for i in order:
+                attend = self._attention(states[i], layer_index, gathers[i])
+                xs[i] = self.stage.run_layer(layer_index, xs[i], tables[i], attend)
         outputs = []
         for state, x in zip(states, xs, strict=True):
             if self.stage.has_head:
@@ -286,8 +294,20 @@ class StageExecutor:
                 outputs.append(x.detach())
         return states, outputs
 
+    def _attention(self, state: _CellState, layer_index: int, gather: tuple[torch.Tensor, int] | None) -> Attend:
+        """The attention of one cell in one layer, for the stage's layer to call: publishes the
+        cell's K/V for later slices, then attends to the prefix and its own keys."""
+        def attend(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, scale: float | None) -> torch.Tensor:
+            runs = (k_tkd, v_tkd)
+            if gather is not None:  # context parallel: every cp rank's K/V rows of the cell
+                runs = (gather_rows(k_tkd, *gather, self.cp_group), gather_rows(v_tkd, *gather, self.cp_group))
+            self._publish(state, layer_index, *runs)
+            return self._attend(state.spec, layer_index, q_thd, (k_tkd, v_tkd), runs, scale)
+        return attend
+
     def _attend(self, spec: CellSpec, layer_index: int, q_thd: torch.Tensor,
-                kv_own: tuple[torch.Tensor, torch.Tensor], kv_runs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                kv_own: tuple[torch.Tensor, torch.Tensor], kv_runs: tuple[torch.Tensor, torch.Tensor],
+                scale: float | None = None) -> torch.Tensor:
         """Attention of the cell's pieces. ``kv_own``: K/V of this rank's rows (the pieces' own keys);
         ``kv_runs``: K/V of the cell's whole runs (the same tensors without context parallelism). A
         piece [a, b) of run [s, e) attends to the sample's cache [0, s), then the run's [s, a) as
@@ -306,7 +326,7 @@ class StageExecutor:
             first = starts[p.run]
             earlier = [(k_runs[first:first + before], v_runs[first:first + before])] if before else []
             prefix.append(self._prefix(run, layer_index) + earlier)
-        return varlen_attention(q_thd, *kv_own, cu, prefix=prefix, backend=self.backend)
+        return varlen_attention(q_thd, *kv_own, cu, prefix=prefix, backend=self.backend, scale=scale)
 
     def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
         """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""

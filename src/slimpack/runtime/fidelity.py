@@ -65,8 +65,9 @@ def mape(errors: Sequence[float]) -> float:
 
 
 def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, repeats: int, threads: int,
-                 timeout_s: float, rescale: bool) -> FidelityRow:
-    """Plan ``step`` of ``dataset`` with ``strategy``, simulate it, run it on pp x dp spawned ranks."""
+                 timeout_s: float, rescale: bool, hf_config: str | None = None) -> FidelityRow:
+    """Plan ``step`` of ``dataset`` with ``strategy``, simulate it, run it on pp x dp spawned ranks
+    (the home-made model of ``config.model``, or transformers' model of ``hf_config``)."""
     from slimpack.runtime.calibrate import peak_flops
     from slimpack.runtime.launch import LaunchError, spawn
 
@@ -79,7 +80,7 @@ def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, 
         scale = config.cluster.peak_flops / peak_flops(DTYPES[plan.config.model.dtype_bytes])
     par = config.parallel
     try:
-        per_rank = spawn(measure_rank, par.num_devices, (plan, repeats, threads), timeout_s=timeout_s,
+        per_rank = spawn(measure_rank, par.num_devices, (plan, repeats, threads, hf_config), timeout_s=timeout_s,
                          threads=threads)
     except LaunchError as exc:
         raise UserError(f"{strategy}: the real run failed: {exc}") from None
@@ -91,14 +92,16 @@ def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, 
         measured_activation_bytes=max(measured_activation_peaks(per_rank, par.pp)))
 
 
-def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: int) -> dict[str, Any]:
+def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: int,
+                 hf_config: str | None = None) -> dict[str, Any]:
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.mesh import Mesh
-    from slimpack.runtime.model import build_model
+    from slimpack.runtime.models import build_runtime_model
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
     torch.set_num_threads(threads)
-    model = build_model(plan.config.model, seed=0, dtype=DTYPES[plan.config.model.dtype_bytes])
+    model = build_runtime_model(hf_config or plan.config.model, plan.config.model, seed=0,
+                                dtype=DTYPES[plan.config.model.dtype_bytes], device="cpu")
     runtime = RankRuntime(model, Mesh.from_parallel(plan.config.parallel),
                           virtual_stages=plan.config.parallel.virtual_stages,
                           stage_layers=plan.config.parallel.stage_layers)

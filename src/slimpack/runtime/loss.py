@@ -43,5 +43,9 @@ def token_losses(logits_tv: torch.Tensor, targets_t: torch.Tensor) -> torch.Tens
 
     Vocabulary-sharded logits (a DTensor, tensor parallelism) need torch's ``loss_parallel`` context
     (``tensor_parallel.loss_context``); the result is then replicated and returned as a local tensor.
+    Logits of a 16-bit model are upcast to float32 first, as mixed-precision training computes the
+    loss (the softmax over the vocabulary and the loss sum keep float32 accuracy).
     """
+    if logits_tv.dtype.itemsize < 4:
+        logits_tv = logits_tv.float()
     return local(F.cross_entropy(logits_tv, targets_t, ignore_index=IGNORE_INDEX, reduction="none"))

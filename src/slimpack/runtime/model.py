@@ -23,7 +23,7 @@ embedding ~ N(0, 1), norm gains = 1.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,11 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from slimpack.config import ModelConfig
-from slimpack.runtime.ops import apply_rope, rms_norm, silu_gate
+from slimpack.runtime.ops import apply_rope, rms_norm, rope_tables, silu_gate
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "float | None"], torch.Tensor]
+"""The executor's attention of one cell in one layer: (q (T, H, D), k, v (T, K, D), scale or None for
+1/sqrt(D)) -> (T, H, D)."""
 
 
 class RMSNorm(nn.Module):
@@ -137,19 +141,23 @@ class Transformer(nn.Module):
         return ModelStage(self, first_layer, end_layer)
 
     def split(self, num_stages: int, stage_layers: Sequence[int] = ()) -> list[ModelStage]:
-        """Consecutive layer ranges: ``stage_layers`` layers each (a config's ``stage_layers``), or
-        equal ones when it is empty (``num_layers`` must then divide evenly)."""
-        layers = self.config.num_layers
-        if stage_layers:
-            if len(stage_layers) != num_stages or sum(stage_layers) != layers or min(stage_layers) < 1:
-                raise ValueError(f"stage_layers {list(stage_layers)} is not a split of {layers} layers "
-                                 f"into {num_stages} stages")
-        elif num_stages < 1 or layers % num_stages:
-            raise ValueError(f"{layers} layers cannot be split into {num_stages} equal stages")
-        else:
-            stage_layers = [layers // num_stages] * num_stages
-        ends = np.cumsum([0, *stage_layers]).tolist()
-        return [self.stage(first, end) for first, end in zip(ends, ends[1:], strict=False)]
+        """The stages of ``layer_ranges``."""
+        return [self.stage(first, end) for first, end in layer_ranges(self.config.num_layers, num_stages, stage_layers)]
+
+
+def layer_ranges(layers: int, num_stages: int, stage_layers: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Consecutive layer ranges [first, end): ``stage_layers`` layers each (a config's
+    ``stage_layers``), or equal ones when it is empty (``layers`` must then divide evenly)."""
+    if stage_layers:
+        if len(stage_layers) != num_stages or sum(stage_layers) != layers or min(stage_layers) < 1:
+            raise ValueError(f"stage_layers {list(stage_layers)} is not a split of {layers} layers "
+                             f"into {num_stages} stages")
+    elif num_stages < 1 or layers % num_stages:
+        raise ValueError(f"{layers} layers cannot be split into {num_stages} equal stages")
+    else:
+        stage_layers = [layers // num_stages] * num_stages
+    ends = np.cumsum([0, *stage_layers]).tolist()
+    return list(zip(ends, ends[1:], strict=False))
 
 
 class ModelStage(nn.Module):
@@ -176,6 +184,17 @@ class ModelStage(nn.Module):
     def __repr__(self) -> str:
         parts = ["embedding"] * self.has_embedding + [f"layers {self.first_layer}..{self.end_layer - 1}"]
         return f"ModelStage({', '.join(parts + ['head'] * self.has_head)})"
+
+    def position_table(self, positions_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What every layer needs to place tokens (RoPE cos/sin), for per-token positions."""
+        return rope_tables(positions_t, self.config.head_dim, dtype=next(self.parameters()).dtype)
+
+    def run_layer(self, index: int, x_te: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor],
+                  attend: Attend) -> torch.Tensor:
+        """Layer ``index`` (of this stage) on rows (T, E); ``attend(q, k, v, scale)`` does the attention."""
+        block = self.layers[index]
+        assert isinstance(block, Block)
+        return block.finish(x_te, attend(*block.attention_inputs(x_te, *table), None))
 
     def embed(self, ids_t: torch.Tensor) -> torch.Tensor:
         assert self.embedding is not None, "only the first stage embeds tokens"

@@ -22,13 +22,15 @@ import torch
 import torch.distributed as dist
 
 from slimpack.config import Config
+from slimpack.config.defaults import PRECISIONS
 from slimpack.data.text import VOCAB_SIZE, TextCorpus
 from slimpack.errors import UserError
 from slimpack.runtime import distributed
 from slimpack.runtime.attention import resolve_backend
 from slimpack.runtime.loader import PlanningLoader
 from slimpack.runtime.mesh import Mesh
-from slimpack.runtime.model import build_model
+from slimpack.runtime.models import build_runtime_model
+from slimpack.runtime.precision import MixedPrecision
 from slimpack.runtime.tensor_parallel import check_tensor_parallel
 from slimpack.runtime.waits import process_group_timeout
 from slimpack.sim.result import Span
@@ -59,6 +61,10 @@ class TrainOptions:
     """Rank 0 writes the per-step records (JSON) here."""
     timeout_s: float = 300.0
     """Any wait on another rank longer than this aborts the job (``runtime.waits``)."""
+    hf_config: str | None = None
+    """A Hugging Face config.json: train transformers' own model of that config (``hf_model``)."""
+    precision: str = "full"
+    """``full``: compute in ``dtype``; ``bf16``: bf16 compute, float32 master weights (``precision``)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -69,6 +75,14 @@ class TrainOptions:
             raise UserError(f"--steps must be >= 1, got {self.steps}")
         if self.dtype not in DTYPES:
             raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision == "bf16" and self.dtype != "float32":
+            raise UserError("--precision bf16 keeps float32 master weights: use --dtype float32")
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.precision == "bf16" else DTYPES[self.dtype]
 
 
 def world_size(config: Config) -> int:
@@ -107,6 +121,9 @@ class Trainer:
             check_tensor_parallel(model, par.tp)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        if self.options.hf_config is not None and par.tp > 1:
+            raise UserError("tensor parallelism shards the home-made model only; a Hugging Face model "
+                            "runs with --tp 1")
         if model.vocab_size != VOCAB_SIZE:
             raise UserError(f"training text is byte-level (vocabulary {VOCAB_SIZE}); model {model.name} has "
                             f"{model.vocab_size}: use --model tiny or a config with vocab_size {VOCAB_SIZE}")
@@ -118,7 +135,7 @@ class Trainer:
         if started is not None and int(started) != needed:
             raise UserError(f"torchrun started {started} processes; {layout} needs {needed}")
         try:
-            resolve_backend(self.options.attention, device(), DTYPES[self.options.dtype])
+            resolve_backend(self.options.attention, device(), self.options.compute_dtype)
         except ValueError as exc:
             raise UserError(f"--attention: {exc}") from None
 
@@ -149,16 +166,21 @@ class Trainer:
 
     def _rank_runtime(self) -> distributed.RankRuntime:
         par, options = self.config.parallel, self.options
-        model = build_model(self.config.model, seed=self.config.train.seed, dtype=DTYPES[options.dtype],
-                            device=device())
+        model = build_runtime_model(options.hf_config or self.config.model, self.config.model,
+                                    seed=self.config.train.seed, dtype=DTYPES[options.dtype], device=device())
+        precision = MixedPrecision(model) if options.precision == "bf16" else None
         return distributed.RankRuntime(
-            model, Mesh.from_parallel(par), virtual_stages=par.virtual_stages, stage_layers=par.stage_layers,
-            backend=options.attention, optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr),
-            timeout_s=options.timeout_s)
+            model if precision is None else precision.compute, Mesh.from_parallel(par),
+            virtual_stages=par.virtual_stages, stage_layers=par.stage_layers, backend=options.attention,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=options.lr), timeout_s=options.timeout_s,
+            precision=precision)
 
     def _banner(self, num_files: int) -> str:
         config, options, par = self.config, self.options, self.config.parallel
-        return (f"slimpack train: {config.model.name} ({config.model.num_params():,} parameters, {options.dtype}) "
+        kind = "transformers' " if options.hf_config else ""
+        precision = ", bf16 compute" if options.precision == "bf16" else ""
+        return (f"slimpack train: {kind}{config.model.name} ({config.model.num_params():,} parameters, "
+                f"{options.dtype}{precision}) "
                 f"on {Mesh.from_parallel(par)} ({world_size(config)} process(es), {dist.get_backend()}), strategy "
                 f"{options.strategy}, {num_files} stdlib files as bytes, max_context {config.train.max_context}, "
                 f"{config.train.global_batch_tokens} tokens per batch, planning "
