@@ -28,29 +28,18 @@ def _plan(second: tuple[tuple[int, ...], ...]) -> Plan:
                 pipelines=pipes)
 
 
-def test_fewer_groups_are_split_at_half_their_tokens_until_the_counts_match():
-    plan = _plan(((4, 5, 6),))  # 15000 tokens: 4+5 = 9000 reach half -> [4, 5] [6]; then [4] [5] [6]
-    form = equal_count_form(plan)
-    check_plan(form)
-    assert [[[s.sample_id for s in g] for g in p.forward] for p in form.pipelines] == [
-        [[1], [2], [3]], [[4], [5], [6]]]
-    assert rank_micro_batches(plan) == [((1,), (2,), (3,)), ((4,), (5,), (6,))]
-    # the simulator scores it: same tokens, one more micro-batch per step on replica 1
-    assert simulate(form).num_tokens == simulate(plan).num_tokens == 21000
-    assert equal_count_form(_plan(((4,), (5,), (6,)))) == _plan(((4,), (5,), (6,)))  # already equal
-
-
-def test_a_replica_with_fewer_samples_than_the_count_gets_padding_micro_batches_at_the_end():
-    # replica 1 holds 2 samples in one group: split to [4] [5], then one padding micro-batch; the
-    # count stays replica 0's 3 groups, none merged
-    form = equal_count_form(_plan(((4, 5),)))
-    check_plan(form)
-    assert [[[s.sample_id for s in g] for g in p.forward] for p in form.pipelines] == [
-        [[1], [2], [3]], [[4], [5]]]  # the plan keeps only real groups (the simulator has no empty one)
-    assert rank_micro_batches(_plan(((4, 5),))) == [((1,), (2,), (3,)), ((4,), (5,), ())]
-    # a replica with one sample: it and two padding micro-batches
-    assert rank_micro_batches(_plan(((6,),))) == [((1,), (2,), (3,)), ((6,), (), ())]
-    assert equal_count_form(_plan(((6,),))) == _plan(((6,),))  # nothing to split: unchanged
+def test_a_replica_with_fewer_groups_ends_with_padding_micro_batches():
+    # replica 1 holds one group of 3 samples against replica 0's 3 groups: the count is 3, its
+    # group stays whole (neither split nor merged) and two padding micro-batches follow it
+    plan = _plan(((4, 5, 6),))
+    assert rank_micro_batches(plan) == [((1,), (2,), (3,)), ((4, 5, 6), (), ())]
+    assert equal_count_form(plan) is plan  # the plan keeps only real groups (the simulator has no empty one)
+    assert simulate(equal_count_form(plan)).num_tokens == 21000
+    # two samples in two groups: one padding micro-batch; equal counts: none
+    assert rank_micro_batches(_plan(((4,), (5,)))) == [((1,), (2,), (3,)), ((4,), (5,), ())]
+    assert rank_micro_batches(_plan(((4,), (5,), (6,)))) == [((1,), (2,), (3,)), ((4,), (5,), (6,))]
+    # replica 0 is the shorter one: padding goes to it
+    assert rank_micro_batches(_plan(((4,), (5,), (6,), (7,)))) == [((1,), (2,), (3,), ()), ((4,), (5,), (6,), (7,))]
 
 
 def test_dp_merged_replicas_are_refused():
@@ -76,24 +65,15 @@ def _replica_groups(draw):
 
 
 @given(_replica_groups())
-def test_equal_counts_split_never_merge_and_pad_only_at_the_end(drawn):
+def test_equal_counts_keep_every_group_and_pad_only_at_the_end(drawn):
     replicas, lengths = drawn
     cfg = config(pp=1, dp=len(replicas), max_context=16384)
     pipes = tuple(PipelinePlan(replicas=(r,), cp=1, forward=g, backward=g) for r, g in enumerate(
         tuple(tuple(Slice(i, 0, lengths[i]) for i in group) for group in groups) for groups in replicas))
     plan = Plan(config=cfg, strategy="hand", samples=tuple(Sample(id=i, length=n) for i, n in lengths.items()),
                 pipelines=pipes)
+    check_plan(plan)
     count = max(map(len, replicas))
-    got = rank_micro_batches(plan)
-    check_plan(equal_count_form(plan))
-    for groups, batches in zip(replicas, got, strict=True):
-        assert len(batches) == count
-        real = [b for b in batches if b]
-        assert batches[len(real):] == ((),) * (count - len(real))  # padding only at the end
-        # never merged: each real micro-batch lies inside one original group, in order
-        owner = {i: k for k, group in enumerate(groups) for i in group}
-        assert [i for b in real for i in b] == [i for g in groups for i in g]
-        assert all(len({owner[i] for i in b}) == 1 for b in real)
-        # padded only where the replica has too few samples to split further
-        samples = sum(map(len, groups))
-        assert len(real) == min(count, samples)
+    for groups, batches in zip(replicas, rank_micro_batches(plan), strict=True):
+        # the replica's own groups, in order, never merged nor split, then padding to the count
+        assert batches == tuple(groups) + ((),) * (count - len(groups))

@@ -15,7 +15,6 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from slimpack.config import Config
 from slimpack.errors import UserError
@@ -77,47 +76,34 @@ def require_whole_sample(plan: Plan, *, lower: bool, framework: str) -> Plan:
 
 def equal_count_form(plan: Plan, *, lower: bool = False, framework: str = "data parallelism") -> Plan:
     """The plan as a framework with plain data parallelism and a fixed number of micro-batches per
-    step runs it: whole-sample form (lowered when ``lower``), every replica on its own samples, and
-    every replica with as many groups as it can have up to the count. The simulator scores it as any
-    other plan.
+    step runs it: whole-sample form (lowered when ``lower``), every replica on its own samples, its
+    groups unchanged. The simulator scores it as any other plan.
 
     Replicas merged into one context-parallel group (DP-Merge) are refused: plain data parallelism
     runs every replica on its own samples. The frameworks run the same number of micro-batches
-    (gradient-accumulation steps) on every rank; that count is the most groups any replica holds.
-    A replica with fewer groups has its heaviest multi-sample group (in tokens) split in two,
-    repeatedly, until it reaches the count or runs one sample per group. Groups are never merged:
-    merging the groups of a replica that holds few long documents would put two of them in one
-    micro-batch, which need not fit in memory.
-
-    A replica that holds fewer samples than the count keeps fewer groups here: the simulator has no
-    empty group, so the *padding micro-batches* that fill its count (:func:`rank_micro_batches`) are
-    not in this plan. Each is a one-token forward and backward with no loss, negligible next to
-    the real micro-batches, so this plan's simulated time stands for the padded run too.
+    (gradient-accumulation steps) on every rank: :func:`rank_micro_batches` fills a replica that
+    holds fewer groups than the most any replica holds with *padding micro-batches*. They are not
+    in this plan (the simulator has no empty group); each is a one-token forward and backward with
+    no loss, negligible next to the real micro-batches, so this plan's simulated time stands for
+    the padded run. Groups are never merged to equalise counts (two long documents merged into
+    one micro-batch need not fit in memory) nor split (halves of unequal size made 1F1B's step
+    longer on net in the simulator: benchmarks/integrations_gain.py, docs/integrations.md).
     """
     plan = require_whole_sample(plan, lower=lower, framework=framework)
     merged = next((p for p in plan.pipelines if len(p.replicas) > 1), None)
     if merged is not None:
         raise UserError(f"{framework} cannot run replicas {list(merged.replicas)} merged into one "
                         f"context-parallel group (DP-Merge); plan with use_dp_merge=False")
-    lengths = plan.sample_lengths()
-    count = max(len(pipe.forward) for pipe in plan.pipelines)
-    pipelines = []
-    for pipe in plan.pipelines:
-        ids = _split_to(tuple(tuple(s.sample_id for s in group) for group in pipe.forward), count, lengths)
-        groups = tuple(tuple(Slice(sid, 0, lengths[sid]) for sid in batch) for batch in ids)
-        pipelines.append(PipelinePlan(replicas=pipe.replicas, cp=pipe.cp, forward=groups, backward=groups))
-    if all(new.forward == pipe.forward for new, pipe in zip(pipelines, plan.pipelines, strict=True)):
-        return plan
-    return dataclasses.replace(plan, pipelines=tuple(pipelines), info={**plan.info, "equal_count_form": True})
+    return plan
 
 
 def rank_micro_batches(plan: Plan, *, lower: bool = False, framework: str = "data parallelism"
                        ) -> list[MicroBatches]:
     """Per data-parallel replica (index = replica), its micro-batches of this plan's step in
     :func:`equal_count_form`, every replica with the same number of micro-batches: the most groups
-    any replica holds. A replica with fewer samples than that ends with *padding micro-batches*,
-    empty tuples (no sample), one per missing micro-batch: a loader turns each into a one-token row
-    whose label is ignored (``slimpack.integrations.hf.packed_batch``), so every rank runs the same
+    any replica holds. A replica with fewer groups ends with *padding micro-batches*, empty tuples
+    (no sample), one per missing micro-batch: a loader turns each into a one-token row whose label
+    is ignored (``slimpack.integrations.hf.packed_batch``), so every rank runs the same number of
     forward/backward calls and the gradient is unchanged."""
     form = equal_count_form(plan, lower=lower, framework=framework)
     count = max(len(pipe.forward) for pipe in form.pipelines)
@@ -126,27 +112,6 @@ def rank_micro_batches(plan: Plan, *, lower: bool = False, framework: str = "dat
         for pipe in form.pipelines}
     assert sorted(per_replica) == list(range(plan.config.parallel.dp)), "the checker guarantees one pipeline per replica"
     return [per_replica[r] + ((),) * (count - len(per_replica[r])) for r in range(plan.config.parallel.dp)]
-
-
-def _split_to(batches: MicroBatches, count: int, lengths: dict[int, int]) -> MicroBatches:
-    """``batches`` with the heaviest multi-sample batch cut in two, in order, until there are
-    ``count`` of them or every batch holds one sample."""
-    out = [list(batch) for batch in batches]
-    while len(out) < count and any(len(batch) > 1 for batch in out):
-        heaviest = max((i for i, batch in enumerate(out) if len(batch) > 1),
-                       key=lambda i: (sum(lengths[s] for s in out[i]), -i))
-        out[heaviest:heaviest + 1] = _halves(out[heaviest], lengths)
-    return tuple(tuple(batch) for batch in out)
-
-
-def _halves(batch: Sequence[int], lengths: dict[int, int]) -> list[list[int]]:
-    """Cut a micro-batch in two, in order, where the running token count first reaches half."""
-    total, running = sum(lengths[s] for s in batch), 0
-    for cut in range(1, len(batch)):
-        running += lengths[batch[cut - 1]]
-        if 2 * running >= total:
-            return [list(batch[:cut]), list(batch[cut:])]
-    return [list(batch[:-1]), list(batch[-1:])]
 
 
 __all__ = ["MicroBatches", "equal_count_form", "is_whole_sample", "rank_micro_batches", "require_whole_sample",
