@@ -22,7 +22,7 @@ Wiring (one DataLoader per rank; every rank computes the same plans, the MILP of
         ...  # `count` micro-batches, then optimizer.step(); every rank runs the same count
 
 Every rank runs the same number of micro-batches per step, the most any replica's plan holds: a
-rank whose replica holds fewer samples than that gets *padding micro-batches* at the end of the
+rank whose replica holds fewer micro-batches gets *padding micro-batches* at the end of the
 step, each a one-token row (token :data:`PADDING_TOKEN`, label ``-100``, ``position_ids`` 0,
 ``cu_seq_lens`` ``[0, 1]``, ``max_length`` 1) that predicts nothing, so that DDP's gradient
 all-reduce and gradient accumulation see the same forward/backward calls on every rank.
@@ -99,7 +99,7 @@ class PlanBatchSampler(Sampler[list[SampleKey]]):
     whole-sample, or are lowered to that form with ``lower=True``; every rank gets the same number
     of micro-batches per step (``micro_batches_per_step``), padding micro-batches (empty lists,
     which :func:`packed_batch` turns into the padding row) at the end of a step where its replica
-    holds fewer samples (module doc).
+    holds fewer micro-batches (module doc).
     """
 
     def __init__(self, steps: Iterable[_PlannedStep], *, rank: int, max_context: int, lower: bool = False) -> None:
