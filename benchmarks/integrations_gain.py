@@ -11,7 +11,8 @@ batches; wikipedia and wlbllm):
   groups, no DP-Merge): what HF/TRL, Megatron-Core, DeepSpeed or torchtitan can run;
 - the same two with every replica at the same number of micro-batches (``equal_count_form``, what
   ``rank_micro_batches`` and the HF adapter hand out: frameworks run a fixed number of micro-batches,
-  gradient-accumulation steps, per step on every rank);
+  gradient-accumulation steps, per step on every rank; the one-token padding micro-batches that fill
+  a short replica's count are not simulated);
 - full plan lowered: SlimPack's full plans of the same steps lowered with ``whole_sample_form``;
 - full SlimPack: slices, asymmetric backward groups, DP-Merge (slimpack's runtime).
 """

@@ -42,17 +42,41 @@ def loss_sum(model, input_ids, labels, position_ids=None):
                                              reduction="sum")
 
 
+class HandStep:
+    """A hand-made plan as a planned step: plan sample id i is the whole token row i."""
+
+    def __init__(self, plan) -> None:
+        from types import SimpleNamespace
+
+        self.plan = plan
+        self.sources = {s.id: SimpleNamespace(doc_index=s.id, chunk=0, length=s.length) for s in plan.samples}
+
+
 def train_packed(rank: int, world_size: int, rows, config, num_steps: int, lr: float, strategy: str) -> dict:
     """DDP over ``world_size`` gloo ranks, each fed its micro-batches by ``plan_data_loader``."""
+    from slimpack.integrations.hf import plan_data_loader
+
+    return _train_ddp(world_size, plan_data_loader(rows, config, rank=rank, num_steps=num_steps, strategy=strategy), lr)
+
+
+def train_hand_plans(rank: int, world_size: int, rows, plans, lr: float) -> dict:
+    """DDP as in :func:`train_packed`, fed the micro-batches of hand-made plans (:class:`HandStep`)."""
+    from torch.utils.data import DataLoader
+
+    from slimpack.integrations.hf import PlanBatchSampler, TokenRows, packed_batch
+
+    sampler = PlanBatchSampler([HandStep(plan) for plan in plans], rank=rank, max_context=MAX_CONTEXT)
+    return _train_ddp(world_size, DataLoader(TokenRows(rows), batch_sampler=sampler, collate_fn=packed_batch), lr)
+
+
+def _train_ddp(world_size: int, loader, lr: float) -> dict:
+    """The training loop docs/integrations.md shows: Σ token losses / the global batch's loss tokens."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-
-    from slimpack.integrations.hf import plan_data_loader
 
     torch.set_num_threads(1)
     model = DistributedDataParallel(build_model(seed=0))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    loader = plan_data_loader(rows, config, rank=rank, num_steps=num_steps, strategy=strategy)
     sampler = loader.batch_sampler
     batches = iter(loader)
     losses, first_grads, seen = [], None, []

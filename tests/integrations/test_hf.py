@@ -8,12 +8,20 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hf_workers import MAX_CONTEXT, hf_llama_config, token_rows, train_packed, train_unpacked  # noqa: E402
+from hf_workers import (  # noqa: E402
+    MAX_CONTEXT,
+    HandStep,
+    hf_llama_config,
+    token_rows,
+    train_hand_plans,
+    train_packed,
+    train_unpacked,
+)
 
 from slimpack.config import ParallelConfig, TrainConfig, build_config, resolve_model  # noqa: E402
 from slimpack.data import Dataset, GlobalBatchSampler, SamplerConfig  # noqa: E402
 from slimpack.errors import UserError  # noqa: E402
-from slimpack.integrations.hf import PlanBatchSampler, packed_batch, plan_data_loader  # noqa: E402
+from slimpack.integrations.hf import PlanBatchSampler, TokenRows, packed_batch, plan_data_loader  # noqa: E402
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice  # noqa: E402
 from slimpack.runtime.launch import spawn  # noqa: E402
 
@@ -78,28 +86,65 @@ def _sliced_plan(config, second_replica: tuple[int, ...] = (2, 3)) -> Plan:
     return Plan(config=config, strategy="hand", samples=samples, pipelines=(first, second))
 
 
-class _Step:
-    def __init__(self, plan):
-        from types import SimpleNamespace
-
-        self.plan = plan
-        self.sources = {s.id: SimpleNamespace(doc_index=s.id, chunk=0, length=s.length) for s in plan.samples}
-
-
 def test_sliced_plans_are_refused_or_lowered(config):
-    step = _Step(_sliced_plan(config))
+    step = HandStep(_sliced_plan(config))
     with pytest.raises(UserError, match="has slices or asymmetric backward groups"):
         PlanBatchSampler([step], rank=0, max_context=MAX_CONTEXT)
     lowered = [PlanBatchSampler([step], rank=r, max_context=MAX_CONTEXT, lower=True) for r in (0, 1)]
-    # sample 0 runs whole where its first slice was; replica 1's one micro-batch is cut in two
-    # (40 of its 60 tokens reach half) so that both replicas run 2 micro-batches
+    # sample 0 runs whole where its first slice was; replica 1's one micro-batch stays whole and a
+    # padding micro-batch (empty) follows it, so that both replicas run 2 micro-batches
     assert list(lowered[0]) == [[(0, 0, 100)], [(1, 0, 30)]]
-    assert list(lowered[1]) == [[(2, 0, 40)], [(3, 0, 20)]]
+    assert list(lowered[1]) == [[(2, 0, 40), (3, 0, 20)], []]
     assert lowered[0].loss_tokens(0) == 99 + 29 + 39 + 19
-    # replica 1 holding one sample: both replicas run one micro-batch (replica 0's two are merged)
-    single = [PlanBatchSampler([_Step(_sliced_plan(config, (2,)))], rank=r, max_context=MAX_CONTEXT, lower=True)
+    # replica 1 holding one sample: replica 0's two micro-batches stay apart (never merged) and
+    # replica 1 ends with a padding micro-batch, empty, which adds no loss token
+    single = [PlanBatchSampler([HandStep(_sliced_plan(config, (2,)))], rank=r, max_context=MAX_CONTEXT, lower=True)
               for r in (0, 1)]
-    assert list(single[0]) == [[(0, 0, 100), (1, 0, 30)]] and list(single[1]) == [[(2, 0, 40)]]
+    assert list(single[0]) == [[(0, 0, 100)], [(1, 0, 30)]] and list(single[1]) == [[(2, 0, 40)], []]
+    assert single[0].micro_batches_per_step == single[1].micro_batches_per_step == [2]
+    assert single[1].loss_tokens(0) == 99 + 29 + 39
+
+
+def test_a_padding_micro_batch_becomes_one_ignored_token():
+    empty = packed_batch([])
+    assert set(empty) == set(packed_batch([{"input_ids": [5, 6]}]))
+    assert empty["input_ids"].dtype == empty["labels"].dtype == empty["position_ids"].dtype == torch.long
+    assert empty["input_ids"].tolist() == [[0]] and empty["labels"].tolist() == [[-100]]
+    assert empty["position_ids"].tolist() == [[0]]
+    assert empty["cu_seq_lens_q"].dtype == torch.int32 and empty["cu_seq_lens_q"].tolist() == [0, 1]
+    assert torch.equal(empty["cu_seq_lens_k"], empty["cu_seq_lens_q"])
+    assert empty["max_length_q"] == empty["max_length_k"] == 1
+    # a DataLoader hands the sampler's empty micro-batch to the collator as no samples
+    sampler = PlanBatchSampler([HandStep(_sliced_plan(build_config(parallel=ParallelConfig(dp=2)), (2,)))],
+                               rank=1, max_context=MAX_CONTEXT, lower=True)
+    rows = token_rows([100, 30, 40], seed=0)
+    batches = list(torch.utils.data.DataLoader(TokenRows(rows), batch_sampler=sampler, collate_fn=packed_batch))
+    assert [b["input_ids"][0].tolist() for b in batches] == [rows[2]["input_ids"], [0]]
+
+
+def _step_samples(rows, steps: int) -> list[list[list[int]]]:
+    """Token lists of every sample of the sampler's first ``steps`` global batches of ``LENGTHS``."""
+    sampler = GlobalBatchSampler(Dataset(name="t", lengths=LENGTHS, source="t"),
+                                 SamplerConfig(global_batch_tokens=BATCH_TOKENS, max_context=MAX_CONTEXT))
+    return [[rows[s.doc_index]["input_ids"][s.chunk * MAX_CONTEXT:][:s.length]
+             for s in sampler.batch_at(step).samples] for step in range(steps)]
+
+
+def _assert_trains_as_unpacked(results: list[dict], step_samples: list[list[list[int]]], lr: float,
+                               padding_rows: int = 0) -> None:
+    """Loss, first gradients and final parameters of every rank equal unpacked training's, and the
+    two ranks together trained each sample once, plus ``padding_rows`` one-token padding rows."""
+    reference = train_unpacked(step_samples, lr)
+    assert results[0]["micro_batches"] == results[1]["micro_batches"]
+    for got in results:
+        assert got["losses"] == pytest.approx(reference["losses"], rel=1e-12)
+        for name, grad in reference["first_grads"].items():
+            scale = float(grad.abs().max()) + 1e-30
+            assert float((got["first_grads"][name] - grad).abs().max()) / scale < 1e-10, name
+        for name, param in reference["params"].items():
+            assert torch.allclose(got["params"][name], param, rtol=0, atol=1e-12), name
+    trained = sorted(results[0]["sample_lengths"] + results[1]["sample_lengths"])
+    assert trained == sorted([1] * padding_rows + [len(s) for step in step_samples for s in step])
 
 
 @pytest.mark.distributed
@@ -109,20 +154,31 @@ def test_ddp_training_from_packed_batches_equals_unpacked_training(config):
     # kk: several micro-batches per rank (slimpack packs this small batch into one per rank at
     # pp = 1), so gradient accumulation under DDP's no_sync is exercised too
     results = spawn(train_packed, 2, (rows, config, steps, lr, "kk"), timeout_s=240)
-    sampler = GlobalBatchSampler(Dataset(name="t", lengths=LENGTHS, source="t"),
-                                 SamplerConfig(global_batch_tokens=BATCH_TOKENS, max_context=MAX_CONTEXT))
-    step_samples = [[rows[s.doc_index]["input_ids"][s.chunk * MAX_CONTEXT:][:s.length]
-                     for s in sampler.batch_at(step).samples] for step in range(steps)]
-    reference = train_unpacked(step_samples, lr)
-    assert results[0]["micro_batches"] == results[1]["micro_batches"]
     assert sum(results[0]["micro_batches"]) > steps  # really packed into several micro-batches
-    for got in results:
-        assert got["losses"] == pytest.approx(reference["losses"], rel=1e-12)
-        for name, grad in reference["first_grads"].items():
-            scale = float(grad.abs().max()) + 1e-30
-            assert float((got["first_grads"][name] - grad).abs().max()) / scale < 1e-10, name
-        for name, param in reference["params"].items():
-            assert torch.allclose(got["params"][name], param, rtol=0, atol=1e-12), name
-    # both ranks together trained each sample of the three steps exactly once
-    trained = sorted(results[0]["sample_lengths"] + results[1]["sample_lengths"])
-    assert trained == sorted(len(s) for step in step_samples for s in step)
+    _assert_trains_as_unpacked(results, _step_samples(rows, steps), lr)
+
+
+def _hand_plan(config, replicas: list[list[list[int]]], rows) -> Plan:
+    """Whole-sample groups of row ids per replica (plan sample id = row)."""
+    pipes = tuple(PipelinePlan(replicas=(r,), cp=1, forward=groups, backward=groups) for r, groups in enumerate(
+        tuple(tuple(Slice(i, 0, len(rows[i]["input_ids"])) for i in group) for group in spec) for spec in replicas))
+    ids = sorted(i for spec in replicas for group in spec for i in group)
+    return Plan(config=config, strategy="hand", samples=tuple(Sample(id=i, length=len(rows[i]["input_ids"])) for i in ids),
+                pipelines=pipes)
+
+
+@pytest.mark.distributed
+def test_ddp_training_with_padding_micro_batches_equals_unpacked_training(config):
+    rows = token_rows(LENGTHS, seed=3)
+    lr = 0.5
+    plans = [
+        # step 0: rank 1 holds one long document against rank 0's three micro-batches: 2 padding rows,
+        # the last one run outside no_sync (it carries rank 1's gradient all-reduce)
+        _hand_plan(config, [[[0], [1], [2]], [[3]]], rows),
+        # step 1: rank 0's one micro-batch of two samples, then 2 padding rows
+        _hand_plan(config, [[[4, 5]], [[6], [7], [8]]], rows),
+    ]
+    results = spawn(train_hand_plans, 2, (rows, plans, lr), timeout_s=240)
+    assert results[0]["micro_batches"] == [3, 3]
+    step_samples = [[rows[s.id]["input_ids"] for s in plan.samples] for plan in plans]
+    _assert_trains_as_unpacked(results, step_samples, lr, padding_rows=4)

@@ -21,9 +21,18 @@ Wiring (one DataLoader per rank; every rank computes the same plans, the MILP of
     for step, count in enumerate(loader.batch_sampler.micro_batches_per_step):
         ...  # `count` micro-batches, then optimizer.step(); every rank runs the same count
 
-The loss must be normalised by the global batch's loss tokens (``loss_tokens(step)``), not each
-micro-batch's mean, to equal unpacked training (DESIGN.md §3); with a Trainer, that is what
-``num_items_in_batch`` with ``average_tokens_across_devices`` does.
+Every rank runs the same number of micro-batches per step, the most any replica's plan holds: a
+rank whose replica holds fewer micro-batches gets *padding micro-batches* at the end of the
+step, each a one-token row (token :data:`PADDING_TOKEN`, label ``-100``, ``position_ids`` 0,
+``cu_seq_lens`` ``[0, 1]``, ``max_length`` 1) that predicts nothing, so that DDP's gradient
+all-reduce and gradient accumulation see the same forward/backward calls on every rank.
+
+The loss must be normalised by the global batch's loss tokens (``loss_tokens(step)``): a sum of
+token losses divided by that count, not each micro-batch's mean, to equal unpacked training
+(DESIGN.md §3); a padding row then adds exactly 0 to the loss and the gradients. With a Trainer,
+that is what ``num_items_in_batch`` with ``average_tokens_across_devices`` does. A per-micro-batch
+mean (``reduction="mean"``, transformers' causal-LM loss without ``num_items_in_batch``) divides by
+the row's zero loss tokens: a padding row's loss and every gradient become NaN.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ from slimpack.plan.types import Plan
 
 IGNORE_INDEX = -100
 """Label of a token that predicts nothing (PyTorch's cross-entropy default ``ignore_index``)."""
+PADDING_TOKEN = 0
+"""Token id of a padding micro-batch's one-token row: any valid id does, its label is ignored."""
 FRAMEWORK = "Hugging Face data parallelism"
 
 SampleKey = tuple[int, int, int]
@@ -61,9 +72,11 @@ class _PlannedStep(Protocol):
 
 
 def packed_batch(features: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """``collate_fn``: samples (dicts holding ``input_ids``) -> one packed row (module doc)."""
+    """``collate_fn``: samples (dicts holding ``input_ids``) -> one packed row (module doc). No
+    samples (a padding micro-batch) -> the padding row: one sample of one token, :data:`PADDING_TOKEN`,
+    whose label is ``-100`` as every sample's first token's is."""
     if not features:
-        raise ValueError("packed_batch: no samples (a micro-batch holds at least one)")
+        features = [{"input_ids": [PADDING_TOKEN]}]
     tokens = [torch.as_tensor(f["input_ids"], dtype=torch.long).reshape(-1) for f in features]
     lengths = torch.tensor([0] + [t.numel() for t in tokens])
     input_ids = torch.cat(tokens)
@@ -84,7 +97,9 @@ class PlanBatchSampler(Sampler[list[SampleKey]]):
     ``steps`` yields objects with ``plan`` and ``sources`` (``slimpack.strategies.stream.PlannedStep``:
     plan sample id -> the sampler's sample, with its document index and chunk). Plans must be
     whole-sample, or are lowered to that form with ``lower=True``; every rank gets the same number
-    of micro-batches per step (``micro_batches_per_step``).
+    of micro-batches per step (``micro_batches_per_step``), padding micro-batches (empty lists,
+    which :func:`packed_batch` turns into the padding row) at the end of a step where its replica
+    holds fewer micro-batches (module doc).
     """
 
     def __init__(self, steps: Iterable[_PlannedStep], *, rank: int, max_context: int, lower: bool = False) -> None:
@@ -163,4 +178,4 @@ def plan_data_loader(rows: Sequence[Any], config: Config, *, rank: int, num_step
     return DataLoader(tokens, batch_sampler=sampler, collate_fn=packed_batch)
 
 
-__all__ = ["IGNORE_INDEX", "PlanBatchSampler", "SampleKey", "TokenRows", "packed_batch", "plan_data_loader"]
+__all__ = ["IGNORE_INDEX", "PADDING_TOKEN", "PlanBatchSampler", "SampleKey", "TokenRows", "packed_batch", "plan_data_loader"]

@@ -16,6 +16,12 @@ backward in ``forward_backward_no_pipelining``: this path has no pipeline parall
 :class:`SlimpackCPScheduler` offers the same ``get_groups_and_subsamples`` method, backed by a
 slimpack planner; :func:`sample_id_groups` turns any plan into that structure.
 
+Ranks may run different numbers of samples: ``hybrid_context_parallel_forward_backward`` loops over
+each rank's own samples of a round (none is allowed) and ends every round with a barrier, and each
+rank runs the last sample of its last round outside ``no_sync`` (the gradient all-reduce), so the
+last round must list a sample on every rank. Hence no padding micro-batches here
+(``rank_micro_batches`` pads for frameworks with a fixed count): shorter pipelines start later.
+
 What Megatron-Core cannot express, so the plan must be whole-sample and pp = 1 here:
 - **slices**: a sample is the unit of a forward/backward; there is no dependency between parts of
   one sample across micro-batches (slimpack's slices carry K/V forward and dK/dV backward);

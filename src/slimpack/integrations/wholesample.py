@@ -15,7 +15,6 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from slimpack.config import Config
 from slimpack.errors import UserError
@@ -77,71 +76,42 @@ def require_whole_sample(plan: Plan, *, lower: bool, framework: str) -> Plan:
 
 def equal_count_form(plan: Plan, *, lower: bool = False, framework: str = "data parallelism") -> Plan:
     """The plan as a framework with plain data parallelism and a fixed number of micro-batches per
-    step runs it: whole-sample form (lowered when ``lower``), every replica on its own samples, and
-    every replica with the same number of groups. The simulator scores it as any other plan.
+    step runs it: whole-sample form (lowered when ``lower``), every replica on its own samples, its
+    groups unchanged. The simulator scores it as any other plan.
 
     Replicas merged into one context-parallel group (DP-Merge) are refused: plain data parallelism
-    runs every replica on its own samples. Where pipelines hold different numbers of groups (the
-    frameworks run the same number of micro-batches, gradient-accumulation steps, on every rank),
-    the count is the most groups any replica holds, or fewer when a replica holds fewer samples than
-    that (a few long documents); a replica with more groups than the count has its lightest adjacent
-    pair (in tokens) merged, one with fewer its heaviest group split in two, repeatedly. Merged groups
-    are larger: the simulator says whether they still fit in memory.
+    runs every replica on its own samples. The frameworks run the same number of micro-batches
+    (gradient-accumulation steps) on every rank: :func:`rank_micro_batches` fills a replica that
+    holds fewer groups than the most any replica holds with *padding micro-batches*. They are not
+    in this plan (the simulator has no empty group); each is a one-token forward and backward with
+    no loss, negligible next to the real micro-batches, so this plan's simulated time stands for
+    the padded run. Groups are never merged to equalise counts (two long documents merged into
+    one micro-batch need not fit in memory) nor split (halves of unequal size made 1F1B's step
+    longer on net in the simulator: benchmarks/integrations_gain.py, docs/integrations.md).
     """
     plan = require_whole_sample(plan, lower=lower, framework=framework)
     merged = next((p for p in plan.pipelines if len(p.replicas) > 1), None)
     if merged is not None:
         raise UserError(f"{framework} cannot run replicas {list(merged.replicas)} merged into one "
                         f"context-parallel group (DP-Merge); plan with use_dp_merge=False")
-    lengths = plan.sample_lengths()
-    target = min(max(len(pipe.forward) for pipe in plan.pipelines),
-                 min(sum(map(len, pipe.forward)) for pipe in plan.pipelines))
-    if all(len(pipe.forward) == target for pipe in plan.pipelines):
-        return plan
-    pipelines = []
-    for pipe in plan.pipelines:
-        ids = _to_count(tuple(tuple(s.sample_id for s in group) for group in pipe.forward), target, lengths)
-        groups = tuple(tuple(Slice(sid, 0, lengths[sid]) for sid in batch) for batch in ids)
-        pipelines.append(PipelinePlan(replicas=pipe.replicas, cp=pipe.cp, forward=groups, backward=groups))
-    return dataclasses.replace(plan, pipelines=tuple(pipelines), info={**plan.info, "equal_count_form": True})
+    return plan
 
 
 def rank_micro_batches(plan: Plan, *, lower: bool = False, framework: str = "data parallelism"
                        ) -> list[MicroBatches]:
     """Per data-parallel replica (index = replica), its micro-batches of this plan's step in
-    :func:`equal_count_form`: every replica with the same number of micro-batches."""
+    :func:`equal_count_form`, every replica with the same number of micro-batches: the most groups
+    any replica holds. A replica with fewer groups ends with *padding micro-batches*, empty tuples
+    (no sample), one per missing micro-batch: a loader turns each into a one-token row whose label
+    is ignored (``slimpack.integrations.hf.packed_batch``), so every rank runs the same number of
+    forward/backward calls and the gradient is unchanged."""
     form = equal_count_form(plan, lower=lower, framework=framework)
+    count = max(len(pipe.forward) for pipe in form.pipelines)
     per_replica: dict[int, MicroBatches] = {
         pipe.replicas[0]: tuple(tuple(s.sample_id for s in group) for group in pipe.forward)
         for pipe in form.pipelines}
     assert sorted(per_replica) == list(range(plan.config.parallel.dp)), "the checker guarantees one pipeline per replica"
-    return [per_replica[r] for r in range(plan.config.parallel.dp)]
-
-
-def _to_count(batches: MicroBatches, target: int, lengths: dict[int, int]) -> MicroBatches:
-    """``batches`` as ``target`` micro-batches, in order: lightest adjacent pairs merged, heaviest split."""
-    out = [list(batch) for batch in batches]
-
-    def tokens(batch: list[int]) -> int:
-        return sum(lengths[s] for s in batch)
-
-    while len(out) > target:
-        lightest = min(range(len(out) - 1), key=lambda i: (tokens(out[i]) + tokens(out[i + 1]), i))
-        out[lightest:lightest + 2] = [out[lightest] + out[lightest + 1]]
-    while len(out) < target:  # target <= this replica's samples: a group of 2+ samples exists
-        heaviest = max((i for i, batch in enumerate(out) if len(batch) > 1), key=lambda i: (tokens(out[i]), -i))
-        out[heaviest:heaviest + 1] = _halves(out[heaviest], lengths)
-    return tuple(tuple(batch) for batch in out)
-
-
-def _halves(batch: Sequence[int], lengths: dict[int, int]) -> list[list[int]]:
-    """Cut a micro-batch in two, in order, where the running token count first reaches half."""
-    total, running = sum(lengths[s] for s in batch), 0
-    for cut in range(1, len(batch)):
-        running += lengths[batch[cut - 1]]
-        if 2 * running >= total:
-            return [list(batch[:cut]), list(batch[cut:])]
-    return [list(batch[:-1]), list(batch[-1:])]
+    return [per_replica[r] + ((),) * (count - len(per_replica[r])) for r in range(plan.config.parallel.dp)]
 
 
 __all__ = ["MicroBatches", "equal_count_form", "is_whole_sample", "rank_micro_batches", "require_whole_sample",
