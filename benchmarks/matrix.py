@@ -158,6 +158,29 @@ def overview(cells: list[dict]) -> str:
             "the same tokens):\n\n" + "\n".join(lines))
 
 
+CHANGES = """## What changed from the first round's figures, and why
+
+The first round's matrix (120 cells) gave SlimPack an efficiency of 0.81-0.96 and 1.05-1.63x the
+tokens/s of `fixed`. Those figures flattered it (issue 13); each correction below applies to every
+strategy alike:
+- **Horizon**: 2 steps, with `wlb`'s drain step inside them, became 2 warm-up steps and a window of
+  8, deferred work carried across it.
+- **One work basis**: efficiency divided each plan's *own* modelled work by its step time; it now
+  divides the same whole-document ideal for every strategy, so SlimPack's slicing and per-call
+  costs count against it (`extra work`), and tensor-parallel collectives and per-call overheads put
+  every strategy near 0.55-0.70 at tp 4-8.
+- **Cells**: an asymmetric group is charged once per cell (forward group x backward group), as the
+  runtime runs it, not as one packed unit.
+- **Recomputation** `none` (selective recomputation's memory was under-counted and its saving was
+  not real with FlashAttention).
+- **SlimPipe** slices are balanced on cost (the stand-in for its attention-context exchange) and up to
+  32 per sequence: it is now the strongest baseline almost everywhere.
+- **Kernels**: FlashAttention-3-class figures (`fa3`) with a lower backward attention efficiency, a
+  memory-bound per-token term, and 6 tensor-parallel collectives in backward (sequence parallelism).
+
+"""
+
+
 def write(cells: list[dict], out: Path, command: str, window: dict) -> None:
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | head -1"], capture_output=True, text=True).stdout
     header = (
@@ -176,6 +199,7 @@ def write(cells: list[dict], out: Path, command: str, window: dict) -> None:
         "at sequence boundaries (the pieces do not attend to each other); their efficiency is still counted "
         "on the whole documents. Recomputation: none for 7B/8B, full for 70B.\n\n"
         f"Reproduce: `{command}` (planning ran on: {cpu.split(':')[-1].strip() or platform.processor()}).\n\n"
+        + CHANGES +
         "## Overview\n\n" + overview(cells) + "\n\n"
         "## Summary: SlimPack against the best baseline that fits in memory (by efficiency)\n\n"
         "| cell | layout | SlimPack efficiency | SlimPack extra work | SlimPack vs fixed (tokens/s) | "
