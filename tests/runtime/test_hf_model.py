@@ -140,22 +140,18 @@ def test_bf16_mixed_precision_against_float32(tmp_path, kind) -> None:
         assert mixed.max_grad_error < BF16_TOLERANCE
 
 
-def hf_extras_per_token(config, *, layers: int, last: bool) -> int:
-    """Bytes per token transformers' plain-torch ops keep beyond the home-made model (float32): each
-    RMSNorm's normalised copy (``weight * normed`` saves it), the MLP's SiLU output (``act * up``
-    saves both factors, the lean SiLU-gate keeps gate and up only), and rotary tables at full head
-    width (cos and sin, D each; the home-made tables are D/2)."""
-    m, b = config.model, 4
-    extra = layers * (2 * m.hidden + m.ffn_hidden) * b + m.head_dim * b
-    if last:
-        extra += m.hidden * b  # the final norm's normalised copy
-    return extra
+def hf_extras_per_token(config) -> int:
+    """Bytes per token transformers' ops keep beyond the cost model with ``layer_ops="transformers"``
+    and the home-made model's own small extras: rotary tables at full head width (cos and sin, D
+    each, once per stage; the home-made tables are D/2)."""
+    return config.model.head_dim * 4
 
 
 @pytest.mark.parametrize("pp", [1, 2, 4])
 def test_hf_activation_memory_against_the_cost_model(tmp_path, pp) -> None:
-    """The HF path keeps exactly the cost model's bytes, plus the home-made model's small extras,
-    plus ``hf_extras_per_token`` (about +30% for the tiny shape: docs/runtime.md)."""
+    """The HF path keeps exactly the cost model's bytes for transformers' modules (each RMSNorm's
+    normalised copy and the MLP's SiLU output on top of the lean ops: about +30% for the tiny
+    shape, docs/runtime.md), plus the home-made model's small extras and ``hf_extras_per_token``."""
     from test_memory import ACTIONS, LENGTHS, PIPE, extras_per_token
 
     from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
@@ -167,8 +163,13 @@ def test_hf_activation_memory_against_the_cost_model(tmp_path, pp) -> None:
         "num_hidden_layers": tiny.num_layers, "num_attention_heads": tiny.num_heads,
         "num_key_value_heads": tiny.num_kv_heads, "vocab_size": tiny.vocab_size, "tie_word_embeddings": False}))
     net = build_hf_model(tmp_path / "config.json", dtype=torch.float32)
-    config = build_config(model=tiny, parallel=ParallelConfig(pp=pp), train=TrainConfig(recompute="none"))
+    config = build_config(model=tiny, parallel=ParallelConfig(pp=pp),
+                          train=TrainConfig(recompute="none", layer_ops="transformers"))
+    lean = CostModel(build_config(model=tiny, parallel=ParallelConfig(pp=pp), train=TrainConfig(recompute="none")))
     cost = CostModel(config)
+    h, f = tiny.hidden, tiny.ffn_hidden  # what transformers' modules keep on top, by hand (float32)
+    assert cost.activation_bytes(1.0, virtual_stage=0) - lean.activation_bytes(1.0, virtual_stage=0) == (
+        tiny.num_layers // pp * (2 * h + f) * 4 + (h * 4 if pp == 1 else 0))
     executors = build_executors(net, PIPE, num_chunks=pp, sample_lengths=LENGTHS,
                                 tokens=random_tokens(LENGTHS, tiny.vocab_size),
                                 num_loss_tokens=count_loss_tokens(LENGTHS.values()), track_memory=True)
@@ -183,8 +184,7 @@ def test_hf_activation_memory_against_the_cost_model(tmp_path, pp) -> None:
         for v, e in enumerate(executors):
             last = v == pp - 1
             modelled = cost.activation_bytes(live, virtual_stage=v)
-            per_token = (extras_per_token(config, layers=layers, first=v == 0, last=last)
-                         + hf_extras_per_token(config, layers=layers, last=last))
+            per_token = extras_per_token(config, layers=layers, first=v == 0, last=last) + hf_extras_per_token(config)
             assert e.tracker.current_bytes == modelled + per_token * live + 4 * e.live_cells * last, (v, action)
             peaks[v] = [max(peaks[v][0], e.tracker.current_bytes), max(peaks[v][1], modelled)]
 

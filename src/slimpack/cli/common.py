@@ -4,6 +4,7 @@ and output helpers they share."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -177,10 +178,19 @@ def plan_summary(plan: Plan) -> str:
 
 
 __all__ = ["add_config_arguments", "add_dataset_arguments", "check_output", "config_from_args", "context_note",
-           "dataset_from_args", "non_negative_int", "plan_summary",
-           "positive_float", "positive_int", "print_json"]
+           "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
+           "positive_float", "positive_int", "print_json", "runtime_config_from_args"]
 
 
 def hf_config_arg(args: argparse.Namespace) -> str | None:
     """``--model`` when it names a Hugging Face config.json (the runtime then runs transformers' model)."""
     return args.model if args.model and is_hf_config(args.model) else None
+
+
+def runtime_config_from_args(args: argparse.Namespace) -> Config:
+    """``config_from_args`` for the commands that run the runtime: with ``--model config.json`` it runs
+    transformers' modules, whose extra kept activations the memory model then counts."""
+    config = config_from_args(args)
+    if hf_config_arg(args) is None:
+        return config
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, layer_ops="transformers"))

@@ -15,13 +15,13 @@ from slimpack.cli.common import (
     add_config_arguments,
     add_dataset_arguments,
     add_planner_arguments,
-    config_from_args,
     context_note,
     dataset_from_args,
     hf_config_arg,
     non_negative_int,
     positive_float,
     positive_int,
+    runtime_config_from_args,
 )
 from slimpack.compare.run import check_strategies
 from slimpack.config.defaults import RUNTIME_CONFIG
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     strategies = [s for s in args.strategies.split(",") if s]
     check_strategies(strategies)
-    config = config_from_args(args)
+    config = runtime_config_from_args(args)
     if config.train.recompute != "none":  # the runtime keeps every activation
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, recompute="none"))
     if config.parallel.tp != 1:

@@ -16,10 +16,10 @@ from slimpack.cli.common import (
     add_config_arguments,
     add_planner_arguments,
     check_output,
-    config_from_args,
     hf_config_arg,
     positive_float,
     positive_int,
+    runtime_config_from_args,
 )
 from slimpack.compare.run import check_strategies
 from slimpack.config.defaults import PRECISIONS, RUNTIME_CONFIG
@@ -68,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.trace_dir, "--trace-dir", directory=True)
     if args.log_json:
         check_output(args.log_json, "--log-json")
-    Trainer(config_from_args(args), options, argv=args.argv).run()
+    Trainer(runtime_config_from_args(args), options, argv=args.argv).run()
     return 0

@@ -21,6 +21,10 @@ class TrainConfig(ConfigBase):
     token; the s² scores it exists to drop are never stored, and the attention output stays as the
     output projection's input) at the price of an attention forward in every backward, so it is never
     the better choice; use ``full`` where a layout does not fit without it."""
+    layer_ops: Literal["slimpack", "transformers"] = "slimpack"
+    """Whose layer code the runtime runs, for the memory model: slimpack's lean ops (``slimpack``), or
+    transformers' own modules (``transformers``: ``--model config.json`` in ``train``, ``verify`` and
+    ``fidelity``), which also keep each RMSNorm's normalised copy and the MLP's SiLU output."""
     distributed_optimizer: bool = True
     """Shard fp32 master weights and Adam moments over the data-parallel group (ZeRO-1)."""
     seed: int = 0
@@ -31,5 +35,7 @@ class TrainConfig(ConfigBase):
                 f"max_context must be a positive integer, got {self.max_context!r}")
         require(isinstance(self.global_batch_tokens, int) and self.global_batch_tokens >= 1,
                 f"global_batch_tokens must be a positive integer, got {self.global_batch_tokens!r}")
+        require(self.layer_ops in ("slimpack", "transformers"),
+                f"layer_ops must be 'slimpack' or 'transformers', got {self.layer_ops!r}")
         require(self.recompute in ("none", "selective", "full"),
                 f"recompute must be 'none', 'selective' or 'full', got {self.recompute!r}")

@@ -33,9 +33,12 @@ OPTIMIZER_BYTES = 12
 LOGIT_BYTES = 4  # float32 logits/softmax kept for the cross-entropy backward
 
 
-def activation_elements_per_token(model: ModelConfig, recompute: str) -> tuple[int, int]:
+def activation_elements_per_token(model: ModelConfig, recompute: str,
+                                  layer_ops: str = "slimpack") -> tuple[int, int]:
     """(elements sharded by tp under sequence parallelism, norm elements replicated without it),
-    kept per token per layer."""
+    kept per token per layer. transformers' modules (``layer_ops``) keep more than the lean ops:
+    each RMSNorm's normalised copy (``weight * normed`` saves it) and the MLP's activation output
+    (``act(gate) * up`` saves both factors)."""
     h, f = model.hidden, model.ffn_hidden
     if recompute == "full":
         return h, 0
@@ -43,23 +46,27 @@ def activation_elements_per_token(model: ModelConfig, recompute: str) -> tuple[i
     norm_side = 4 * h  # two norm inputs and two norm outputs (the QKV and MLP inputs)
     # Q, K, V, the attention output (input of the output projection) and the MLP inner tensors
     tensor_side = 2 * h + 2 * model.kv_hidden + mlp_inner
+    if layer_ops == "transformers":
+        norm_side += 2 * h
+        tensor_side += f
     return tensor_side, norm_side
 
 
 def activation_bytes_per_token(model: ModelConfig, *, recompute: str, tp: int, cp: int,
-                               sequence_parallel: bool) -> float:
+                               sequence_parallel: bool, layer_ops: str = "slimpack") -> float:
     """Bytes one device keeps per token of a group per layer, from its forward until its backward."""
-    tensor_side, norm_side = activation_elements_per_token(model, recompute)
+    tensor_side, norm_side = activation_elements_per_token(model, recompute, layer_ops)
     elements = (tensor_side + norm_side) / tp if sequence_parallel else tensor_side / tp + norm_side
     lse = model.num_heads / tp * LSE_BYTES_PER_HEAD if recompute == "none" else 0
     return (elements * model.dtype_bytes + lse) / cp
 
 
-def working_bytes_per_token(model: ModelConfig, *, tp: int, cp: int, sequence_parallel: bool) -> float:
+def working_bytes_per_token(model: ModelConfig, *, tp: int, cp: int, sequence_parallel: bool,
+                            layer_ops: str = "slimpack") -> float:
     """Transient bytes per token while one layer of a group runs (its full activations), on top of
     what is kept: the layer being computed, or rebuilt under recomputation."""
     return activation_bytes_per_token(model, recompute="none", tp=tp, cp=cp,
-                                      sequence_parallel=sequence_parallel)
+                                      sequence_parallel=sequence_parallel, layer_ops=layer_ops)
 
 
 def logits_bytes_per_token(model: ModelConfig, *, tp: int, cp: int) -> float:
@@ -67,10 +74,12 @@ def logits_bytes_per_token(model: ModelConfig, *, tp: int, cp: int) -> float:
     return model.vocab_size / tp * LOGIT_BYTES / cp
 
 
-def head_input_bytes_per_token(model: ModelConfig, *, tp: int, cp: int, sequence_parallel: bool) -> float:
+def head_input_bytes_per_token(model: ModelConfig, *, tp: int, cp: int, sequence_parallel: bool,
+                               layer_ops: str = "slimpack") -> float:
     """Bytes per token kept on the last stage for the final norm's input and the LM head's input
-    (its output), sharded by tp under sequence parallelism like the layers' norm tensors."""
-    elements = 2 * model.hidden
+    (its output), sharded by tp under sequence parallelism like the layers' norm tensors; with
+    transformers' modules also the final norm's normalised copy."""
+    elements = (3 if layer_ops == "transformers" else 2) * model.hidden
     return elements * model.dtype_bytes / (tp if sequence_parallel else 1) / cp
 
 

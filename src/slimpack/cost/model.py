@@ -83,13 +83,14 @@ class CostModel:
         self._lin = flops.linear_flops_per_token(model)
         self._attn_per_pair = flops.attention_flops_per_pair(model)
         self._head = flops.lm_head_flops_per_token(model)
+        ops = config.train.layer_ops
         self._act_bytes_layer = memory.activation_bytes_per_token(
-            model, recompute=self.recompute, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
+            model, recompute=self.recompute, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel, layer_ops=ops)
         self._working_bytes_layer = memory.working_bytes_per_token(
-            model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
+            model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel, layer_ops=ops)
         self._logit_bytes = memory.logits_bytes_per_token(model, tp=par.tp, cp=1)
         self._head_input_bytes = memory.head_input_bytes_per_token(
-            model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel)
+            model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel, layer_ops=ops)
         # bytes of the hidden state per token on one device (sharded by tp under SP)
         self._attn_half = eff.attention_half_tokens
         self._coefficients = {b: self._additive_coefficients(b) for b in (False, True)}
