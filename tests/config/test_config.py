@@ -88,3 +88,9 @@ def test_configs_are_frozen():
     config = build_config()
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.parallel.tp = 2  # type: ignore[misc]
+
+
+def test_layer_ops_names_whose_layers_the_runtime_runs():
+    assert TrainConfig().layer_ops == "slimpack"
+    with pytest.raises(UserError, match="layer_ops must be 'slimpack' or 'transformers', got 'torch'"):
+        TrainConfig(layer_ops="torch")
