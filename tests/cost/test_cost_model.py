@@ -114,10 +114,11 @@ def test_last_stage_pays_for_the_head_and_first_for_the_embedding():
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 9000), st.integers(0, 60000)), min_size=1, max_size=6),
-       st.booleans(), st.sampled_from(["none", "selective", "full"]), st.sampled_from([1, 2, 8]))
-def test_group_time_is_constant_plus_additive_slice_costs(slices, backward, recompute, tp):
-    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(pp=4, tp=tp),
-                                  train=TrainConfig(recompute=recompute)))
+       st.booleans(), st.sampled_from(["none", "selective", "full"]), st.sampled_from([1, 2, 8]),
+       st.sampled_from([1, 2, 4]), st.booleans())
+def test_group_time_is_constant_plus_additive_slice_costs(slices, backward, recompute, tp, cp, sequence_parallel):
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(
+        pp=4, tp=tp, cp=cp, sequence_parallel=sequence_parallel), train=TrainConfig(recompute=recompute)))
     tokens, prefix = zip(*slices, strict=True)
     exact = cost.group_time(tokens, prefix, virtual_stage=1, backward=backward)
     additive = cost.group_constant(backward=backward) + cost.slice_costs(tokens, prefix, backward=backward).sum()
@@ -141,13 +142,16 @@ def test_activation_bytes_per_token_hand_computed():
     # selective under FlashAttention: the attention output stays (output projection input); only the
     # log-sum-exp (32 heads x 4 bytes) is dropped
     assert activation_bytes_per_token(m, recompute="selective", tp=1, cp=1, sequence_parallel=True) == none - 32 * 4
+    # cp 2: every cp rank keeps the all-gathered K and V of all tokens (2h / tp in bf16), half the rest
+    kv = 2 * 4096 / 8 * 2
     assert activation_bytes_per_token(m, recompute="selective", tp=8, cp=2, sequence_parallel=True) == \
-        pytest.approx((none - 32 * 4) / 16)
+        pytest.approx(((none - 32 * 4) / 8 - kv) / 2 + kv)
     assert activation_bytes_per_token(m, recompute="full", tp=1, cp=1, sequence_parallel=True) == 4096 * 2
+    assert activation_bytes_per_token(m, recompute="full", tp=8, cp=2, sequence_parallel=True) == 4096 * 2 / 16
     sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=True)
     no_sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=False)
-    assert sp == pytest.approx(((6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4) / 16)
-    assert no_sp == pytest.approx(((2 * 4096 + 2 * 4096 + 3 * 11008) * 2 / 8 + 4 * 4096 * 2 + 4 * 4) / 2)
+    assert sp == pytest.approx(((6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4) / 8 / 2 + kv / 2)
+    assert no_sp == pytest.approx(((2 * 4096 + 2 * 4096 + 3 * 11008) * 2 / 8 + 4 * 4096 * 2 + 4 * 4) / 2 + kv / 2)
 
 
 def _peak_1f1b_bytes(cost: CostModel, stage: int, tokens: int) -> float:

@@ -254,10 +254,14 @@ class StageExecutor:
                 kv_own: tuple[torch.Tensor, torch.Tensor], kv_runs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Attention of the cell's pieces. ``kv_own``: K/V of this rank's rows (the pieces' own keys);
         ``kv_runs``: K/V of the cell's whole runs (the same tensors without context parallelism). A
-        piece [a, b) of run [s, e) attends to the sample's cache [0, s), then the run's [s, a) as
-        views of ``kv_runs`` (no copy), then its own keys [a, b)."""
+        piece [a, b) of run [s, e) attends to the sample's cache [0, s), then the run's [s, b) as
+        views of ``kv_runs`` (no copy). Without context parallelism the piece is its whole run and its
+        own keys are ``kv_own``; with it, its own keys [a, b) are read from the gathered ``kv_runs``
+        too, so attention's backward keeps the gathered K/V only, not this rank's rows a second time
+        (their gradient reaches ``kv_own`` through the gather's reduce-scatter)."""
         if not spec.pieces:  # this cp rank holds none of the cell's tokens
             return torch.zeros_like(q_thd)
+        gathered = kv_runs[0] is not kv_own[0]
         starts = [0]
         for run in spec.runs:
             starts.append(starts[-1] + run.end - run.start)
@@ -266,11 +270,15 @@ class StageExecutor:
         for p in spec.pieces:
             run = spec.runs[p.run]
             cu.append(cu[-1] + p.end - p.start)
-            before = p.start - run.start
             first = starts[p.run]
-            earlier = [(k_runs[first:first + before], v_runs[first:first + before])] if before else []
+            end = first + (p.end if gathered else p.start) - run.start
+            earlier = [(k_runs[first:end], v_runs[first:end])] if end > first else []
             prefix.append(self._prefix(run, layer_index) + earlier)
-        return varlen_attention(q_thd, *kv_own, cu, prefix=prefix, backend=self.backend)
+        cu_own = cu
+        if gathered:  # no own keys (new empty tensors: a view would keep this rank's K/V alive)
+            kv_own = (kv_own[0].new_empty((0, *kv_own[0].shape[1:])), kv_own[1].new_empty((0, *kv_own[1].shape[1:])))
+            cu_own = [0] * len(cu)
+        return varlen_attention(q_thd, *kv_own, cu, cu_own, prefix=prefix, backend=self.backend)
 
     def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
         """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""
