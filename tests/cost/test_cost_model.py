@@ -199,3 +199,18 @@ def test_p2p_and_grad_sync():
     size = cost.stage_params(1) * 2
     assert cost.grad_sync_time(1) == pytest.approx(2 * (0.5 * size / 50e9 + 10e-6))
     assert np.isfinite(cost.optimizer_time(0)) and cost.optimizer_time(0) > 0
+
+
+def test_layer_collectives_hand_computed():
+    """llama2-7b (h 4096, MHA: kv_hidden 4096, bf16), tp 8, cp 2, a 4096-token group."""
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, cp=2)))
+    forward = cost.layer_collectives(4096, backward=False)
+    backward = cost.layer_collectives(4096, backward=True)
+    layer_input = 4096 / 2 * 4096 * 2  # this cp rank's 2048 rows of the hidden size
+    kv = 4096 * 4096 / 8 * 2  # all 4096 rows of this tp rank's K (or V) columns
+    assert [(c.kind, c.group, c.ranks, c.size_bytes) for c in forward] == \
+        [("all_gather", "tp", 8, layer_input), ("reduce_scatter", "tp", 8, layer_input)] * 2 + \
+        [("all_gather", "cp", 2, kv)] * 2
+    assert [(c.kind, c.group) for c in backward] == \
+        [("all_gather", "tp"), ("all_gather", "tp"), ("reduce_scatter", "tp")] * 2 + [("reduce_scatter", "cp")] * 2
+    assert forward[-1].sent_bytes() == kv / 2  # each cp rank sends its half of the rows once
