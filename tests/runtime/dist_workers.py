@@ -222,12 +222,14 @@ class CollectiveCounter:
                 if func.namespace in ("c10d", "_c10d_functional") and name in cls.KINDS:
                     kind = cls.KINDS[name]
                     if name == "allgather_":
-                        tensor = args[1][0]
+                        elements = args[1][0].numel()
                     elif name == "reduce_scatter_":
-                        tensor = args[0][0]
+                        elements = args[0][0].numel()
+                    elif name == "reduce_scatter_tensor":  # (input, op, group size, group name)
+                        elements = args[0].numel() // args[2]
                     else:
-                        tensor = args[0]
-                    self.records.append((kind, tensor.numel()))
+                        elements = args[0].numel()
+                    self.records.append((kind, elements))
                 return func(*args, **(kwargs or {}))
 
         return _Mode()

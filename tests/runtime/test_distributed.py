@@ -192,3 +192,14 @@ def test_cp2_by_pp2_on_four_ranks():
     assert [r["position"] for r in results] == [(0, 0, 0, 0), (0, 0, 1, 0), (0, 1, 0, 0), (0, 1, 1, 0)]
     assert results[0]["rows"] + results[1]["rows"] == sum(LENGTHS) == results[2]["rows"] + results[3]["rows"]
     _check(results)
+
+
+@pytest.mark.slow
+def test_tp2_by_cp2_on_four_ranks():
+    """Sequence-parallel TP inside each cp rank: the cp K/V gather carries the rank's K/tp KV heads."""
+    plan = _layout_plan(tp=2, cp=2)
+    results = spawn(gradient_check, 4, (plan, 0), timeout_s=300)
+    assert [r["position"] for r in results] == [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 1, 1)]
+    assert results[0]["rows"] == results[1]["rows"] and results[2]["rows"] == results[3]["rows"]
+    assert results[0]["rows"] + results[2]["rows"] == sum(LENGTHS)  # tp ranks share their cp rank's rows
+    _check(results)

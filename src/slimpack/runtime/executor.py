@@ -43,12 +43,18 @@ import torch
 from slimpack.errors import ScheduleError
 from slimpack.plan.cells import CellSpec, GroupLayout, Run, fmt_slice
 from slimpack.plan.types import Slice
+from slimpack.runtime import context_parallel
 from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
-from slimpack.runtime.context_parallel import gather_rows
 from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import ModelStage
 from slimpack.runtime.ops import rope_tables
+from slimpack.runtime.tensor_parallel import (
+    gather_sequence,
+    is_sequence_parallel,
+    regather_hooks,
+    shard_sequence,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,10 @@ class _GradHolder:
 
     def __init__(self) -> None:
         self.grad: torch.Tensor | None = None
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 class StageExecutor:
@@ -191,7 +201,11 @@ class StageExecutor:
         return self._to_group_layout(specs, outputs, num_tokens)
 
     def _recording(self) -> Any:
-        return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
+        """Saved-tensor hooks: the memory tracker's, wrapped by sequence parallelism's re-gather."""
+        if not is_sequence_parallel(self.stage):
+            return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
+        hooks = (self.tracker.pack, self.tracker.unpack) if self.tracker is not None else (_same, _same)
+        return torch.autograd.graph.saved_tensors_hooks(*regather_hooks(*hooks))
 
     def _forward_cells(self, specs: list[CellSpec],
                        inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
@@ -217,13 +231,15 @@ class StageExecutor:
             tables.append(rope_tables(positions, cfg.head_dim, dtype=self.dtype))
         states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
+        xs = [shard_sequence(x, self.stage) for x in xs]
         for layer_index, block in enumerate(self.stage.layers):
             qkv = []
             for x, table, gather in zip(xs, tables, gathers, strict=True):
                 q, k, v = block.attention_inputs(x, *table)
                 runs = (k, v)
                 if gather is not None:  # context parallel: every cp rank's K/V rows of the cell
-                    runs = (gather_rows(k, *gather, self.cp_group), gather_rows(v, *gather, self.cp_group))
+                    runs = (context_parallel.gather_rows(k, *gather, self.cp_group),
+                            context_parallel.gather_rows(v, *gather, self.cp_group))
                 qkv.append((q, (k, v), runs))
             for state, (_, _, (k, v)) in zip(states, qkv, strict=True):
                 self._publish(state, layer_index, k, v)
@@ -231,13 +247,14 @@ class StageExecutor:
                 xs[i] = block.finish(xs[i], self._attend(state.spec, layer_index, q, own, runs))
         outputs = []
         for state, x in zip(states, xs, strict=True):
-            if self.stage.has_head:
+            if self.stage.has_head:  # the final norm gathers the rows (sequence parallelism)
                 targets = torch.cat([slice_targets(self.tokens[state.spec.runs[p.run].sample_id], p.start, p.end)
                                      for p in state.spec.pieces] or [torch.zeros(0, dtype=torch.long, device=self.device)])
                 losses_t = token_losses(self.stage.logits(x), targets)
                 state.root = losses_t.sum() / max(self.num_loss_tokens, 1)
                 outputs.append(losses_t.detach())
             else:
+                x = gather_sequence(x)  # the whole rows, for the next stage
                 state.port = _GradHolder()
                 state.root = _OutputPort.apply(x, state.port)
                 outputs.append(x.detach())
