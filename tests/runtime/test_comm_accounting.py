@@ -1,6 +1,6 @@
 """The simulator's tensor- and context-parallel communication against the collectives the runtime
-issues for one layer (2 gloo ranks, counted at the dispatcher): same collectives, in the same order,
-on the same volumes (``CostModel.layer_collectives``)."""
+issues for one layer (2 gloo ranks, recorded by ``runtime.collectives.CollectiveLog``): same
+collectives, in the same order, on the same volumes (``CostModel.layer_collectives``)."""
 
 from __future__ import annotations
 
@@ -16,36 +16,40 @@ pytestmark = pytest.mark.distributed
 
 TOKENS = 12  # divisible by 2·cp, so every cp rank holds the same number of rows
 TINY = model_preset("tiny")
+RUNTIME_BYTES = 8  # the worker runs in float64
 
 
-def _elements_per_rank(c: Collective) -> float:
-    """What the dispatcher sees of a collective: an all-reduce's tensor, an all-gather's input shard,
-    a reduce-scatter's output shard, in elements."""
-    elements = c.size_bytes / TINY.dtype_bytes
-    return elements if c.kind == "all_reduce" else elements / c.ranks
+def _elements(records: list[Collective], element_bytes: int) -> list[tuple[str, str, int, float]]:
+    return [(c.kind, c.group, c.ranks, c.size_bytes / element_bytes) for c in records]
 
 
-def _simulated(backward: bool, **parallel) -> list[tuple[str, float]]:
+def _simulated(backward: bool, **parallel) -> list[tuple[str, str, int, float]]:
     cost = CostModel(build_config(model="tiny", parallel=ParallelConfig(**parallel)))
-    return [(c.kind, _elements_per_rank(c)) for c in cost.layer_collectives(TOKENS, backward=backward)]
+    return _elements(list(cost.layer_collectives(TOKENS, backward=backward)), TINY.dtype_bytes)
 
 
 def test_runtime_collectives_are_the_simulators():
     results = spawn(collectives_of_one_layer, 2, (TOKENS,), timeout_s=120)
-    shard = TOKENS // 2 * TINY.hidden  # one tp rank's rows of the (T, E) layer input
+    layer_input = TOKENS * TINY.hidden  # elements of the (T, E) layer input
     for r in results:
         for backward, direction in ((False, "forward"), (True, "backward")):
+            tp, cp = _elements(r["tp"][direction], RUNTIME_BYTES), _elements(r["cp"][direction], RUNTIME_BYTES)
             # the layer's collectives, then the chunk boundary's all-gather of the rows (forward: the
-            # output for the next stage or the head; backward: the input gradient), which the cost
-            # model does not charge (Megatron sends the sequence shards point-to-point instead)
-            assert r["tp"][direction] == [*_simulated(backward, tp=2), ("all_gather", shard)], direction
-            assert r["cp"][direction] == _simulated(backward, cp=2), direction
+            # output for the next stage; backward: the input gradient), which the cost model does not
+            # charge (Megatron sends each tp rank's sequence shard point-to-point instead)
+            assert tp == [*_simulated(backward, tp=2), ("all_gather", "tp", 2, layer_input)], direction
+            assert cp == _simulated(backward, cp=2), direction
     # hand-computed: sequence-parallel TP all-gathers each norm's output and reduce-scatters each
     # block's output; backward all-gathers the output gradient and the norm output again (the
     # re-gather of the saved shard) and reduce-scatters the input gradient, per block
-    assert results[0]["tp"]["forward"][:4] == [("all_gather", shard), ("reduce_scatter", shard)] * 2
-    assert results[0]["tp"]["backward"][:6] == [("all_gather", shard), ("all_gather", shard),
-                                                ("reduce_scatter", shard)] * 2
+    tp = results[0]["tp"]
+    assert [c.kind for c in tp["forward"][:4]] == ["all_gather", "reduce_scatter"] * 2
+    assert [c.kind for c in tp["backward"][:6]] == ["all_gather", "all_gather", "reduce_scatter"] * 2
+    assert all(c.size_bytes == layer_input * RUNTIME_BYTES for c in tp["forward"] + tp["backward"])
+    # each tp rank sends half its (T, E) rows per all-gather or reduce-scatter
+    assert tp["forward"][0].sent_bytes() == layer_input / 2 * RUNTIME_BYTES
     # CP all-gathers K then V (each rank sends its T/2 rows x kv_hidden), reduce-scatters dK, dV
-    assert results[0]["cp"]["forward"] == [("all_gather", TOKENS // 2 * TINY.kv_hidden)] * 2
-    assert results[0]["cp"]["backward"] == [("reduce_scatter", TOKENS // 2 * TINY.kv_hidden)] * 2
+    cp = results[0]["cp"]
+    assert [c.kind for c in cp["forward"]] == ["all_gather"] * 2
+    assert [c.kind for c in cp["backward"]] == ["reduce_scatter"] * 2
+    assert all(c.sent_bytes() == TOKENS // 2 * TINY.kv_hidden * RUNTIME_BYTES for c in cp["forward"] + cp["backward"])
