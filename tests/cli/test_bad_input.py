@@ -28,7 +28,10 @@ def files(tmp_path, small_plan):
     np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     plan = tmp_path / "plan.json"
     save_plan(small_plan, plan)
-    return {"BIN": str(binary), "LIST": str(listed), "OBJ": str(objects), "PLAN": str(plan)}
+    no_sp = tmp_path / "no-sp.json"
+    no_sp.write_text(json.dumps(build_config(model="tiny", parallel=ParallelConfig(tp=2, sequence_parallel=False))
+                                .to_dict()))
+    return {"BIN": str(binary), "LIST": str(listed), "OBJ": str(objects), "PLAN": str(plan), "NOSP": str(no_sp)}
 
 
 def _bad_input(cli, capsys, tmp_path, argv, message):
@@ -77,6 +80,8 @@ def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     (["train", "--trace-dir", "/sys/slimpack-traces"], "--trace-dir /sys/slimpack-traces: cannot write there"),
     (["train", "--log-json", "/proc/x/log.json"], "--log-json /proc/x/log.json: cannot write there"),
     (["train", "--pp", "2"], "needs 2 processes"),
+    (["train", "--config", "NOSP"], "tp=2 with sequence_parallel false"),
+    (["fidelity", "--config", "NOSP"], "tp=2 with sequence_parallel false"),
 ])
 def test_runtime_commands(cli, capsys, tmp_path, files, argv, message, monkeypatch):
     torch = pytest.importorskip("torch")

@@ -43,7 +43,7 @@ ArrayLike = np.ndarray | list[int] | tuple[int, ...]
 # (the output gradient's all-gather, the input gradient's reduce-scatter) plus a second all-gather of
 # the QKV and MLP-up inputs, which Megatron does not keep gathered and re-gathers for the weight
 # gradients. Without sequence parallelism: one all-reduce after each block, and in backward one of
-# each block's input gradient.
+# each block's input gradient. runtime.tensor_parallel runs the sequence-parallel lists, in this order.
 TP_COLLECTIVES = {
     True: (("all_gather", "reduce_scatter") * 2, ("all_gather", "all_gather", "reduce_scatter") * 2),
     False: (("all_reduce",) * 2, ("all_reduce",) * 2),
@@ -80,6 +80,7 @@ class CostModel:
         self._attn_rate = cluster.peak_flops * eff.attention_max
         self._attn_backward_rate = cluster.peak_flops * eff.attention_backward_max
         self._tp_collectives = TP_COLLECTIVES[par.sequence_parallel]
+        # filled on first use per (pass, cp): a cache, the same values whoever fills it
         self._comm_coefficients: dict[tuple[bool, int], tuple[float, float]] = {}
         # seconds per token per layer of the memory-bound kernels on one device (tp shards them)
         self._elementwise = 0.0 if eff.elementwise_bandwidth is None else (

@@ -26,6 +26,10 @@ without recomputation or ``retain_graph``:
   slice (``cells``); inputs, outputs and gradients have this rank's rows only. Each layer
   all-gathers a cell's K/V over the cp group (``context_parallel``); the gathered K/V are what is
   published for later slices, and each local piece attends to them like a slice to its prefix.
+- **Tensor parallelism** (a model from ``tensor_parallel.parallelize_model``): inputs, outputs and
+  gradients stay whole on every tp rank; inside a chunk the residual stream is this rank's rows
+  (sequence parallelism: ``shard_sequence`` on entry, ``gather_sequence`` on exit), and the
+  saved-tensor hooks keep the norms' gathered outputs as shards (``regather_hooks``).
 
 Activations of a cell are freed when its backward has run (the graph is dropped); an action whose
 dependencies are not met raises ``ScheduleError`` naming the action and the missing dependency.

@@ -77,7 +77,12 @@ def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, 
     """Plan ``step`` of ``dataset`` with ``strategy``, simulate it, run it on pp x dp spawned ranks."""
     from slimpack.runtime.calibrate import peak_flops
     from slimpack.runtime.launch import LaunchError, spawn
+    from slimpack.runtime.tensor_parallel import check_sequence_parallel
 
+    try:
+        check_sequence_parallel(config.parallel)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     plan = next(PlanStream(dataset, config, strategy, start=step)).plan
     cost = CostModel(plan.config)
     sim = simulate(plan, cost)

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from slimpack.config import ModelConfig
+from slimpack.config import ModelConfig, ParallelConfig
 from slimpack.runtime.model import Transformer
 
 
@@ -54,6 +54,14 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     if cfg.tie_embeddings and tp > 1:
         raise ValueError("tensor parallelism with tied embeddings is not supported (the head would be "
                          "the vocabulary-split embedding)")
+
+
+def check_sequence_parallel(parallel: ParallelConfig) -> None:
+    """``ValueError`` when a layout asks for tensor parallelism without sequence parallelism: the
+    runtime always runs it, so the cost model's plan would be for a different run."""
+    if parallel.tp > 1 and not parallel.sequence_parallel:
+        raise ValueError(f"tp={parallel.tp} with sequence_parallel false: the runtime's tensor parallelism "
+                         f"always runs sequence parallelism; set sequence_parallel true")
 
 
 def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool = True) -> Transformer:

@@ -30,7 +30,7 @@ from slimpack.runtime.attention import resolve_backend
 from slimpack.runtime.loader import PlanningLoader
 from slimpack.runtime.mesh import Mesh
 from slimpack.runtime.model import build_model
-from slimpack.runtime.tensor_parallel import check_tensor_parallel
+from slimpack.runtime.tensor_parallel import check_sequence_parallel, check_tensor_parallel
 from slimpack.sim.result import Span
 from slimpack.sim.trace import spans_trace
 from slimpack.strategies.stream import PlannedStep
@@ -105,6 +105,7 @@ class Trainer:
         par, model = self.config.parallel, self.config.model
         try:
             check_tensor_parallel(model, par.tp)
+            check_sequence_parallel(par)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if model.vocab_size != VOCAB_SIZE:
