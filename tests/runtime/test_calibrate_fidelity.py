@@ -55,7 +55,7 @@ def test_fidelity_reports_tp_and_cp_communication(capsys, layout):
     final norm's all-gather, re-gather and gradient reduce-scatter plus the layer input gradient's
     all-gather (E/2 each), i.e. 3 x E x 4 bytes per token and rank."""
     assert run_cli(["fidelity", "--strategies", "slimpack", "--repeats", "1", "--max-context", "256",
-                    "--global-batch-tokens", "1024", layout, "2", "--json"]) == 0
+                    "--global-batch-tokens", "512", layout, "2", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     label = layout[2:]
     assert set(row["measured_comm_bytes"]) == set(row["predicted_comm_bytes"]) == {label}
