@@ -173,6 +173,20 @@ def test_cp2_layout_shards_every_sample():
     _check(results)
 
 
+def test_cp2_rank_without_tokens_in_a_group():
+    """A 1-token document alone in a group: cp rank 1 holds none of its rows, but still takes part in
+    the K/V gather and, in backward, its reduce-scatter (it used to fail, then hang)."""
+    s = [Slice(0, 0, 1), Slice(1, 0, 20), Slice(1, 20, 41), Slice(2, 0, 3)]
+    pipe = PipelinePlan(replicas=(0,), cp=2, forward=((s[0],), (s[1], s[3]), (s[2],)),
+                        backward=((s[2],), (s[3],), (s[1], s[0])))
+    cfg = build_config(model="tiny", parallel=ParallelConfig(cp=2), train=TrainConfig(max_context=256))
+    samples = (Sample(id=0, length=1), Sample(id=1, length=41), Sample(id=2, length=3))
+    results = spawn(gradient_check, 2, (Plan(config=cfg, strategy="hand", samples=samples, pipelines=(pipe,)), 0),
+                    timeout_s=120)
+    assert [r["rows"] for r in results] == [23, 22]  # 1 + 10 + 11 + 1 and 0 + 10 + 10 + 2: zigzag quarters
+    _check(results)
+
+
 @pytest.mark.slow
 def test_dp_merge_pair_beside_an_ordinary_replica():
     """3 ranks: the merged pair runs the outlier context-parallel, each rank its zigzag share of

@@ -280,9 +280,12 @@ class StageExecutor:
         own keys are ``kv_own``; with it, its own keys [a, b) are read from the gathered ``kv_runs``
         too, so attention's backward keeps the gathered K/V only, not this rank's rows a second time
         (their gradient reaches ``kv_own`` through the gather's reduce-scatter)."""
-        if not spec.pieces:  # this cp rank holds none of the cell's tokens
-            return torch.zeros_like(q_thd)
         gathered = kv_runs[0] is not kv_own[0]
+        if not spec.pieces:  # this cp rank holds none of the cell's tokens
+            # a zero that depends on the gathered K/V: backward must reach the gather on every cp rank
+            # (its reduce-scatter is a collective), with a zero gradient from this one
+            anchor = (kv_runs[0].sum() + kv_runs[1].sum()) * 0 if gathered else 0
+            return torch.zeros_like(q_thd) + anchor
         starts = [0]
         for run in spec.runs:
             starts.append(starts[-1] + run.end - run.start)
