@@ -29,7 +29,10 @@ def files(tmp_path, small_plan):
     np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     plan = tmp_path / "plan.json"
     save_plan(small_plan, plan)
-    return {"BIN": str(binary), "LIST": str(listed), "OBJ": str(objects), "PLAN": str(plan)}
+    no_sp = tmp_path / "no-sp.json"
+    no_sp.write_text(json.dumps(build_config(model="tiny", parallel=ParallelConfig(tp=2, sequence_parallel=False))
+                                .to_dict()))
+    return {"BIN": str(binary), "LIST": str(listed), "OBJ": str(objects), "PLAN": str(plan), "NOSP": str(no_sp)}
 
 
 def _bad_input(cli, capsys, tmp_path, argv, message):
@@ -125,6 +128,8 @@ def test_dataset_inputs(cli, capsys, tmp_path, text_files, argv, message):
     (["train", "--pp", "2"], "needs 2 processes"),
     (["fidelity", "--dataset", "OBJ", "--column", "n"], "a .npy file has no columns (got column='n')"),
     (["train", "--precision", "bf16", "--dtype", "float64"], "keeps float32 master weights: use --dtype float32"),
+    (["train", "--config", "NOSP"], "tp=2 with sequence_parallel false"),
+    (["fidelity", "--config", "NOSP"], "tp=2 with sequence_parallel false"),
 ])
 def test_runtime_commands(cli, capsys, tmp_path, files, argv, message, monkeypatch):
     torch = pytest.importorskip("torch")

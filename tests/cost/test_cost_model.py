@@ -114,10 +114,11 @@ def test_last_stage_pays_for_the_head_and_first_for_the_embedding():
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 9000), st.integers(0, 60000)), min_size=1, max_size=6),
-       st.booleans(), st.sampled_from(["none", "selective", "full"]), st.sampled_from([1, 2, 8]))
-def test_group_time_is_constant_plus_additive_slice_costs(slices, backward, recompute, tp):
-    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(pp=4, tp=tp),
-                                  train=TrainConfig(recompute=recompute)))
+       st.booleans(), st.sampled_from(["none", "selective", "full"]), st.sampled_from([1, 2, 8]),
+       st.sampled_from([1, 2, 4]), st.booleans())
+def test_group_time_is_constant_plus_additive_slice_costs(slices, backward, recompute, tp, cp, sequence_parallel):
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(
+        pp=4, tp=tp, cp=cp, sequence_parallel=sequence_parallel), train=TrainConfig(recompute=recompute)))
     tokens, prefix = zip(*slices, strict=True)
     exact = cost.group_time(tokens, prefix, virtual_stage=1, backward=backward)
     additive = cost.group_constant(backward=backward) + cost.slice_costs(tokens, prefix, backward=backward).sum()
@@ -141,13 +142,16 @@ def test_activation_bytes_per_token_hand_computed():
     # selective under FlashAttention: the attention output stays (output projection input); only the
     # log-sum-exp (32 heads x 4 bytes) is dropped
     assert activation_bytes_per_token(m, recompute="selective", tp=1, cp=1, sequence_parallel=True) == none - 32 * 4
+    # cp 2: every cp rank keeps the all-gathered K and V of all tokens (2h / tp in bf16), half the rest
+    kv = 2 * 4096 / 8 * 2
     assert activation_bytes_per_token(m, recompute="selective", tp=8, cp=2, sequence_parallel=True) == \
-        pytest.approx((none - 32 * 4) / 16)
+        pytest.approx(((none - 32 * 4) / 8 - kv) / 2 + kv)
     assert activation_bytes_per_token(m, recompute="full", tp=1, cp=1, sequence_parallel=True) == 4096 * 2
+    assert activation_bytes_per_token(m, recompute="full", tp=8, cp=2, sequence_parallel=True) == 4096 * 2 / 16
     sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=True)
     no_sp = activation_bytes_per_token(m, recompute="none", tp=8, cp=2, sequence_parallel=False)
-    assert sp == pytest.approx(((6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4) / 16)
-    assert no_sp == pytest.approx(((2 * 4096 + 2 * 4096 + 3 * 11008) * 2 / 8 + 4 * 4096 * 2 + 4 * 4) / 2)
+    assert sp == pytest.approx(((6 * 4096 + 2 * 4096 + 3 * 11008) * 2 + 32 * 4) / 8 / 2 + kv / 2)
+    assert no_sp == pytest.approx(((2 * 4096 + 2 * 4096 + 3 * 11008) * 2 / 8 + 4 * 4096 * 2 + 4 * 4) / 2 + kv / 2)
 
 
 def _peak_1f1b_bytes(cost: CostModel, stage: int, tokens: int) -> float:
@@ -195,3 +199,18 @@ def test_p2p_and_grad_sync():
     size = cost.stage_params(1) * 2
     assert cost.grad_sync_time(1) == pytest.approx(2 * (0.5 * size / 50e9 + 10e-6))
     assert np.isfinite(cost.optimizer_time(0)) and cost.optimizer_time(0) > 0
+
+
+def test_layer_collectives_hand_computed():
+    """llama2-7b (h 4096, MHA: kv_hidden 4096, bf16), tp 8, cp 2, a 4096-token group."""
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, cp=2)))
+    forward = cost.layer_collectives(4096, backward=False)
+    backward = cost.layer_collectives(4096, backward=True)
+    layer_input = 4096 / 2 * 4096 * 2  # this cp rank's 2048 rows of the hidden size
+    kv = 4096 * 4096 / 8 * 2  # all 4096 rows of this tp rank's K (or V) columns
+    assert [(c.kind, c.group, c.ranks, c.size_bytes) for c in forward] == \
+        [("all_gather", "tp", 8, layer_input), ("reduce_scatter", "tp", 8, layer_input)] * 2 + \
+        [("all_gather", "cp", 2, kv)] * 2
+    assert [(c.kind, c.group) for c in backward] == \
+        [("all_gather", "tp"), ("all_gather", "tp"), ("reduce_scatter", "tp")] * 2 + [("reduce_scatter", "cp")] * 2
+    assert forward[-1].sent_bytes() == kv / 2  # each cp rank sends its half of the rows once

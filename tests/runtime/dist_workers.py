@@ -192,39 +192,6 @@ def context_parallel_stages(rank: int, world_size: int, pipe: PipelinePlan, leng
     return {"loss": float(loss), "ref_loss": ref_loss, "errors": _errors(grads, ref), "rows": rows}
 
 
-class CollectiveCounter:
-    """Records the collectives that run under it, as (kind, elements per rank): an all-reduce's
-    tensor, an all-gather's input shard, a reduce-scatter's output shard. DTensor's functional
-    collectives and ``torch.distributed``'s c10d ops both pass through the dispatcher."""
-
-    KINDS = {"all_reduce": "all_reduce", "allreduce_": "all_reduce", "allgather_": "all_gather",
-             "all_gather_into_tensor": "all_gather", "reduce_scatter_": "reduce_scatter",
-             "reduce_scatter_tensor": "reduce_scatter"}
-
-    def __new__(cls):  # the dispatch-mode base class needs torch, imported lazily like everything here
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class _Mode(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.records: list[tuple[str, int]] = []
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = func._schema.name.split("::")[-1]
-                if func.namespace in ("c10d", "_c10d_functional") and name in cls.KINDS:
-                    kind = cls.KINDS[name]
-                    if name == "allgather_":
-                        tensor = args[1][0]
-                    elif name == "reduce_scatter_":
-                        tensor = args[0][0]
-                    else:
-                        tensor = args[0]
-                    self.records.append((kind, tensor.numel()))
-                return func(*args, **(kwargs or {}))
-
-        return _Mode()
-
-
 def collectives_of_one_layer(rank: int, world_size: int, num_tokens: int) -> dict:
     """Forward and backward of one middle layer (tiny model, one slice of ``num_tokens``), once
     tensor-parallel and once context-parallel over the 2 ranks: the collectives each issues."""
@@ -232,6 +199,7 @@ def collectives_of_one_layer(rank: int, world_size: int, num_tokens: int) -> dic
     from torch.distributed.device_mesh import init_device_mesh
 
     from slimpack.config import model_preset
+    from slimpack.runtime.collectives import CollectiveLog
     from slimpack.runtime.executor import StageExecutor
     from slimpack.runtime.model import build_model
     from slimpack.runtime.tensor_parallel import parallelize_model
@@ -241,16 +209,19 @@ def collectives_of_one_layer(rank: int, world_size: int, num_tokens: int) -> dic
     out = {}
     for kind in ("tp", "cp"):
         net = build_model(config, seed=0)
+        group = dist.group.WORLD
         if kind == "tp":
-            parallelize_model(net, init_device_mesh("cpu", (world_size,)))
+            mesh = init_device_mesh("cpu", (world_size,))
+            parallelize_model(net, mesh)
+            group = mesh.get_group()
         stage = net.stage(1, 2)
         executor = StageExecutor(stage, groups, groups, sample_lengths={0: num_tokens}, backend="cpu",
                                  **({"shard": (rank, world_size), "cp_group": dist.group.WORLD} if kind == "cp" else {}))
         rows = executor.layout.group_tokens("F", 0)
         generator = torch.Generator().manual_seed(rank)
-        with CollectiveCounter() as forward:
+        with CollectiveLog({kind: [group]}) as forward:
             executor.forward(0, torch.randn(rows, config.hidden, dtype=torch.float64, generator=generator))
-        with CollectiveCounter() as backward:
+        with CollectiveLog({kind: [group]}) as backward:
             executor.backward(0, torch.randn(rows, config.hidden, dtype=torch.float64, generator=generator))
         out[kind] = {"forward": forward.records, "backward": backward.records}
     return out

@@ -44,3 +44,26 @@ def test_calibrate_then_fidelity(tmp_path, capsys):
     (row,) = report["rows"]
     assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0
     assert report["memory_mape"] < 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["--tp", "--cp"])
+def test_fidelity_reports_tp_and_cp_communication(capsys, layout):
+    """2 ranks, one stage: the cp collectives are exactly the cost model's; on the tp group the
+    runtime also sends, per token, beyond the layers: the embedding's all-reduce (E elements) and the
+    final norm's all-gather, re-gather and gradient reduce-scatter plus the layer input gradient's
+    all-gather (E/2 each), i.e. 3 x E x 4 bytes per token and rank."""
+    assert run_cli(["fidelity", "--strategies", "slimpack", "--repeats", "1", "--max-context", "256",
+                    "--global-batch-tokens", "512", layout, "2", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    label = layout[2:]
+    assert set(row["measured_comm_bytes"]) == set(row["predicted_comm_bytes"]) == {label}
+    predicted, measured = row["predicted_comm_bytes"][label], row["measured_comm_bytes"][label]
+    if label == "cp":
+        assert predicted == pytest.approx(measured, rel=1e-9)
+    else:
+        hidden, ranks = 64, 2
+        outside_layers = row["tokens"] * 3 * hidden * 4 * ranks
+        assert measured - predicted == pytest.approx(outside_layers, rel=0.02)
+    assert abs(row["measured_activation_bytes"] / row["predicted_activation_bytes"] - 1) < 0.02

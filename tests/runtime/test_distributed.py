@@ -170,6 +170,20 @@ def test_cp2_layout_shards_every_sample():
     _check(results)
 
 
+def test_cp2_rank_without_tokens_in_a_group():
+    """A 1-token document alone in a group: cp rank 1 holds none of its rows, but still takes part in
+    the K/V gather and, in backward, its reduce-scatter (it used to fail, then hang)."""
+    s = [Slice(0, 0, 1), Slice(1, 0, 20), Slice(1, 20, 41), Slice(2, 0, 3)]
+    pipe = PipelinePlan(replicas=(0,), cp=2, forward=((s[0],), (s[1], s[3]), (s[2],)),
+                        backward=((s[2],), (s[3],), (s[1], s[0])))
+    cfg = build_config(model="tiny", parallel=ParallelConfig(cp=2), train=TrainConfig(max_context=256))
+    samples = (Sample(id=0, length=1), Sample(id=1, length=41), Sample(id=2, length=3))
+    results = spawn(gradient_check, 2, (Plan(config=cfg, strategy="hand", samples=samples, pipelines=(pipe,)), 0),
+                    timeout_s=120)
+    assert [r["rows"] for r in results] == [23, 22]  # 1 + 10 + 11 + 1 and 0 + 10 + 10 + 2: zigzag quarters
+    _check(results)
+
+
 @pytest.mark.slow
 def test_dp_merge_pair_beside_an_ordinary_replica():
     """3 ranks: the merged pair runs the outlier context-parallel, each rank its zigzag share of
@@ -214,3 +228,14 @@ def test_hugging_face_model_over_pp2_dp2(tmp_path):
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-12 * abs(r["ref_loss"])
         assert max(r["errors"].values()) < 1e-10, r["errors"]
+
+
+@pytest.mark.slow
+def test_tp2_by_cp2_on_four_ranks():
+    """Sequence-parallel TP inside each cp rank: the cp K/V gather carries the rank's K/tp KV heads."""
+    plan = _layout_plan(tp=2, cp=2)
+    results = spawn(gradient_check, 4, (plan, 0), timeout_s=300)
+    assert [r["position"] for r in results] == [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 1, 1)]
+    assert results[0]["rows"] == results[1]["rows"] and results[2]["rows"] == results[3]["rows"]
+    assert results[0]["rows"] + results[2]["rows"] == sum(LENGTHS)  # tp ranks share their cp rank's rows
+    _check(results)

@@ -17,11 +17,12 @@ TINY = model_preset("tiny")
 
 
 def _asymmetric_pipeline() -> tuple[PipelinePlan, dict[int, int]]:
-    """Sample 0 in three slices (K/V prefixes), forward and backward grouped differently."""
-    s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
+    """Sample 0 in three slices (K/V prefixes), forward and backward grouped differently; odd token
+    counts, so sequence parallelism splits rows unevenly over the tp ranks."""
+    s = [Slice(0, 0, 41), Slice(0, 41, 70), Slice(0, 70, 101), Slice(1, 0, 31), Slice(2, 0, 50)]
     forward = ((s[0],), (s[1], s[3]), (s[2], s[4]))
     backward = ((s[4],), (s[2], s[1]), (s[3], s[0]))
-    return PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=backward), {0: 100, 1: 30, 2: 50}
+    return PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=backward), {0: 101, 1: 31, 2: 50}
 
 
 @pytest.mark.distributed

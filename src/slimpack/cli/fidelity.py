@@ -1,6 +1,7 @@
 """``slimpack fidelity``: run plans of several strategies for real (tiny model, CPU, one process per
 stage and replica) and in the simulator with a calibrated config; print predicted vs measured step
-time and peak activation memory per plan, and their mean absolute percentage errors (MAPE).
+time and peak activation memory per plan, and their mean absolute percentage errors (MAPE); with tp or
+cp > 1 also the bytes sent in tensor- and context-parallel collectives.
 Imports torch only when it runs.
 """
 
@@ -61,16 +62,14 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise UserError("slimpack fidelity needs PyTorch: install slimpack[torch]") from None
     from slimpack.data.text import TextCorpus
-    from slimpack.runtime.fidelity import fidelity_row, mape
+    from slimpack.runtime.fidelity import check_layout, fidelity_row, mape
 
     strategies = [s for s in args.strategies.split(",") if s]
     check_strategies(strategies)
     config = runtime_config_from_args(args)
     if config.train.recompute != "none":  # the runtime keeps every activation
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, recompute="none"))
-    if config.parallel.tp != 1:
-        raise UserError("fidelity runs tp = 1 (the runtime's tensor parallelism has no sequence parallelism, "
-                        "which the cost model's activation memory assumes)")
+    check_layout(config)
     dataset = TextCorpus.stdlib().dataset() if args.dataset == "stdlib" else dataset_from_args(args)
     if not args.json:
         print(context_note(dataset, config), flush=True)
@@ -94,4 +93,7 @@ def _line(row: FidelityRow, rescaled: bool) -> str:
     return (f"{row.strategy:10s} {row.tokens:6d} tokens {row.groups:3d} groups  step: predicted "
             f"{row.predicted_step_s:.3f} s{note}, measured {row.measured_step_s:.3f} s ({row.step_error:+.1%})  "
             f"activations: predicted {row.predicted_activation_bytes / MIB:.2f} MiB, measured "
-            f"{row.measured_activation_bytes / MIB:.2f} MiB ({row.memory_error:+.2%})")
+            f"{row.measured_activation_bytes / MIB:.2f} MiB ({row.memory_error:+.2%})"
+            + "".join(f"\n{'':10s} {label} communication: predicted {row.predicted_comm_bytes.get(label, 0.0) / MIB:.2f} MiB "
+                      f"(layers), measured {sent / MIB:.2f} MiB (all on the {label} groups)"
+                      for label, sent in row.measured_comm_bytes.items()))

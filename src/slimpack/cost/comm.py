@@ -10,6 +10,8 @@ Must not import torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from slimpack.config.cluster import ClusterConfig
 
 
@@ -27,3 +29,24 @@ def ring_allreduce_time(size_bytes: float, ranks: int, bandwidth: float, latency
 def group_link(cluster: ClusterConfig, span_ranks: int) -> tuple[float, float]:
     """Bottleneck link of a group whose ranks occupy ``span_ranks`` consecutive ranks (aligned)."""
     return cluster.link(same_node=span_ranks <= cluster.gpus_per_node)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective of a layer's pass: ``kind`` over ``ranks`` ranks of the ``group`` ("tp" or
+    "cp"), on a tensor of ``size_bytes`` in all (every rank's shard together: the gathered result
+    of an all-gather, the input of a reduce-scatter, the tensor of an all-reduce)."""
+
+    kind: str
+    group: str
+    ranks: int
+    size_bytes: float
+
+    def sent_bytes(self) -> float:
+        """Bytes each rank sends (ring): (n-1)/n of the tensor, twice for an all-reduce."""
+        passes = 2 if self.kind == "all_reduce" else 1
+        return passes * (self.ranks - 1) / self.ranks * self.size_bytes
+
+    def time(self, bandwidth: float, latency_s: float) -> float:
+        passes = 2 if self.kind == "all_reduce" else 1
+        return passes * ring_gather_time(self.size_bytes, self.ranks, bandwidth, latency_s)

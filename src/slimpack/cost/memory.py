@@ -14,7 +14,9 @@ selective recomputation drops is the float32 log-sum-exp: Q, K and V are its che
 the attention output is still kept as the input of the output projection. Full recomputation keeps
 only the layer input (h) and rebuilds the rest in backward.
 Sequence parallelism divides everything by tp (Korthikanti §4.2.2); without it the norm inputs and
-outputs (4·h) are replicated. Context parallelism divides by cp (each rank holds 1/cp of the tokens).
+outputs (4·h) are replicated. Context parallelism divides by cp (each rank holds 1/cp of the tokens),
+except K and V: attention all-gathers them over the cp ranks and its backward reads the gathered
+K/V, so every cp rank keeps all T tokens' K/V (``runtime.context_parallel``; Llama 3's design).
 
 Model states follow ZeRO (Rajbhandari et al., SC'20) mixed-precision accounting: bf16 parameters
 (2 bytes) and bf16 gradients (2 bytes) per parameter, plus 12 bytes of fp32 master weights and Adam
@@ -52,13 +54,27 @@ def activation_elements_per_token(model: ModelConfig, recompute: str,
     return tensor_side, norm_side
 
 
+def gathered_kv_bytes_per_token(model: ModelConfig, *, recompute: str, tp: int) -> float:
+    """Bytes of K and V per token per layer (this device's KV heads) that a context-parallel rank
+    keeps for every token of the group, not only its own: the all-gathered K/V that attention's
+    backward reads. Full recomputation keeps none (it re-gathers them when it rebuilds the layer)."""
+    return 0.0 if recompute == "full" else 2 * model.kv_hidden / tp * model.dtype_bytes
+
+
+def context_parallel_share(bytes_per_token: float, kv_bytes_per_token: float, cp: int) -> float:
+    """What one of ``cp`` ranks keeps per token of a group, of ``bytes_per_token`` (cp = 1), whose
+    gathered K/V part ``kv_bytes_per_token`` every rank keeps whole and the rest 1/cp."""
+    return (bytes_per_token - kv_bytes_per_token) / cp + kv_bytes_per_token
+
+
 def activation_bytes_per_token(model: ModelConfig, *, recompute: str, tp: int, cp: int,
                                sequence_parallel: bool, layer_ops: str = "slimpack") -> float:
     """Bytes one device keeps per token of a group per layer, from its forward until its backward."""
     tensor_side, norm_side = activation_elements_per_token(model, recompute, layer_ops)
     elements = (tensor_side + norm_side) / tp if sequence_parallel else tensor_side / tp + norm_side
     lse = model.num_heads / tp * LSE_BYTES_PER_HEAD if recompute == "none" else 0
-    return (elements * model.dtype_bytes + lse) / cp
+    return context_parallel_share(elements * model.dtype_bytes + lse,
+                                  gathered_kv_bytes_per_token(model, recompute=recompute, tp=tp), cp)
 
 
 def working_bytes_per_token(model: ModelConfig, *, tp: int, cp: int, sequence_parallel: bool,

@@ -6,20 +6,21 @@ A *group* is a list of slices ``(tokens c_i, prefix p_i)`` run as one unit; time
 of a pipeline stage, or one of its chunks under interleaving).
 
 Time of a layer's forward for a group (per device):
-  overhead + GEMM(T) + max(attention, context-parallel KV exchange) + elementwise(T)
-  + tensor-parallel collectives
+  overhead + GEMM(T) + attention + elementwise(T) + tensor- and context-parallel collectives
 with T = Σc_i, GEMM(T) = lin·T/(tp·cp) / (peak·gemm_max·n/(n+n_half)) at n = T/cp tokens per device,
 attention summed per slice with its own efficiency at c_i/cp query tokens (small slices run
 below peak), and elementwise(T) the memory-bound per-token kernels at a fraction of HBM bandwidth.
 See ``slimpack.config.efficiency`` for the efficiency curve and ``flops`` for FLOPs.
 Backward = 2x GEMM + 2.5x attention FLOPs at the backward attention efficiency + 2x elementwise +
 the backward's collectives + the forward work recomputation repeats.
+The collectives are those the runtime issues (``layer_collectives``), each a ring over its group, not
+overlapped with computation (the runtime waits for each before the work that reads it).
 
 A group is charged as the runtime runs it: the simulator calls ``group_time`` once per *cell* (see
 ``slimpack.plan.cells``), so an asymmetric plan's forward group of k cells pays k calls' overheads.
 
-Because GEMM(T) = k·(T + cp·n_half) is affine in T, a group's time on a stage is
-``group_constant + Σ slice_cost`` exactly when cp = 1; planners use that additive form.
+Because GEMM(T) = k·(T + cp·n_half) and every collective's time are affine in T, a group's time on a
+stage is ``group_constant + Σ slice_cost`` exactly at the layout's cp; planners use that additive form.
 Must not import torch.
 """
 
@@ -31,18 +32,22 @@ import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost import flops, memory
-from slimpack.cost.comm import group_link, ring_allreduce_time, ring_gather_time
+from slimpack.cost.comm import Collective, group_link, ring_allreduce_time
 from slimpack.errors import UserError
 
 ArrayLike = np.ndarray | list[int] | tuple[int, ...]
 
-# Collectives per layer under Megatron tensor parallelism, in all-gather/reduce-scatter units of one
-# layer input. With sequence parallelism (Korthikanti et al. §4.2.2) forward runs an all-gather before
-# and a reduce-scatter after both the attention and the MLP block (4); backward runs their conjugates
-# (4) plus a second all-gather of the QKV and MLP-up inputs, which Megatron does not keep gathered and
-# re-gathers for the weight gradients (6). Without sequence parallelism: two all-reduces per pass (4).
-TP_COLLECTIVES_FORWARD = 4
-TP_COLLECTIVES_BACKWARD_SP = 6
+# Tensor-parallel collectives of one layer's pass, each on the (T, E) layer input, (forward, backward).
+# With sequence parallelism (Korthikanti et al. §4.2.2) forward runs an all-gather before and a
+# reduce-scatter after both the attention and the MLP block; backward runs their conjugates per block
+# (the output gradient's all-gather, the input gradient's reduce-scatter) plus a second all-gather of
+# the QKV and MLP-up inputs, which Megatron does not keep gathered and re-gathers for the weight
+# gradients. Without sequence parallelism: one all-reduce after each block, and in backward one of
+# each block's input gradient. runtime.tensor_parallel runs the sequence-parallel lists, in this order.
+TP_COLLECTIVES = {
+    True: (("all_gather", "reduce_scatter") * 2, ("all_gather", "all_gather", "reduce_scatter") * 2),
+    False: (("all_reduce",) * 2, ("all_reduce",) * 2),
+}
 BACKWARD_OVERHEAD_FACTOR = 2.0  # about twice the kernels of the forward pass
 CROSS_ENTROPY_PASSES = 3  # read logits, write softmax, read it back in backward (memory-bound)
 
@@ -74,8 +79,9 @@ class CostModel:
         self._gemm_rate = cluster.peak_flops * eff.gemm_max
         self._attn_rate = cluster.peak_flops * eff.attention_max
         self._attn_backward_rate = cluster.peak_flops * eff.attention_backward_max
-        self._tp_collectives = (TP_COLLECTIVES_FORWARD,
-                                TP_COLLECTIVES_BACKWARD_SP if par.sequence_parallel else TP_COLLECTIVES_FORWARD)
+        self._tp_collectives = TP_COLLECTIVES[par.sequence_parallel]
+        # filled on first use per (pass, cp): a cache, the same values whoever fills it
+        self._comm_coefficients: dict[tuple[bool, int], tuple[float, float]] = {}
         # seconds per token per layer of the memory-bound kernels on one device (tp shards them)
         self._elementwise = 0.0 if eff.elementwise_bandwidth is None else (
             flops.elementwise_elements_per_token(model) * model.dtype_bytes / par.tp
@@ -88,6 +94,8 @@ class CostModel:
             model, recompute=self.recompute, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel, layer_ops=ops)
         self._working_bytes_layer = memory.working_bytes_per_token(
             model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel, layer_ops=ops)
+        self._kv_bytes = {recompute: memory.gathered_kv_bytes_per_token(model, recompute=recompute, tp=par.tp)
+                          for recompute in (self.recompute, "none")}
         self._logit_bytes = memory.logits_bytes_per_token(model, tp=par.tp, cp=1)
         self._head_input_bytes = memory.head_input_bytes_per_token(
             model, tp=par.tp, cp=1, sequence_parallel=par.sequence_parallel, layer_ops=ops)
@@ -103,14 +111,13 @@ class CostModel:
         return ChunkShape(self.chunk_layers[virtual_stage], virtual_stage == 0, virtual_stage == self.num_chunks - 1)
 
     # ---- time -----------------------------------------------------------------------------
-    def _layer_parts(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> tuple[float, float, float, float]:
-        """(GEMM, attention FLOPs over the forward rate, one tensor-parallel collective, context-parallel
-        comm) seconds of one layer's forward for a group, on one device."""
+    def _layer_parts(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> tuple[float, float]:
+        """(GEMM, attention FLOPs over the forward rate) seconds of one layer's forward for a group,
+        on one device."""
         eff = self.config.efficiency
-        cluster = self.config.cluster
         total = float(tokens.sum())
         if total <= 0:
-            return 0.0, 0.0, 0.0, 0.0
+            return 0.0, 0.0
         shards = self.tp * cp
         gemm = self._lin / shards / self._gemm_rate * (total + cp * eff.gemm_half_tokens)
         tok = tokens.astype(np.float64)
@@ -118,33 +125,55 @@ class CostModel:
         local = tok / cp
         attn = float(np.sum(pairs * (local + eff.attention_half_tokens) / local))
         attn *= self._attn_per_pair / shards / self._attn_rate
-        tp_comm = 0.0
+        return gemm, attn
+
+    def layer_collectives(self, tokens: float, *, backward: bool, cp: int | None = None) -> tuple[Collective, ...]:
+        """The collectives one device runs for one layer's forward (or backward) of a group of
+        ``tokens`` tokens, as the runtime issues them (tests/runtime/test_comm_accounting.py).
+        Tensor parallel: ``TP_COLLECTIVES`` on the layer input (T/cp rows of the hidden size).
+        Context parallel (``runtime.context_parallel``): forward all-gathers the group's K and then
+        its V over the cp ranks (this device's kv_hidden/tp columns of all T rows), backward
+        reduce-scatters dK and dV: the gathered K/V are kept for backward, so nothing is re-sent."""
+        cp = cp or self.cp
+        found: list[Collective] = []
         if self.tp > 1:
-            bw, lat = cluster.link(same_node=True)
-            size = total / cp * self.model.hidden * self.model.dtype_bytes
-            tp_comm = ring_gather_time(size, self.tp, bw, lat)
-        cp_comm = 0.0
+            size = tokens / cp * self.model.hidden * self.model.dtype_bytes
+            found += [Collective(kind, "tp", self.tp, size) for kind in self._tp_collectives[backward]]
         if cp > 1:
-            # ring attention: each of cp-1 steps passes this rank's K and V shard to its neighbour
-            bw, lat = group_link(cluster, self.tp * cp)
-            kv = 2 * self.model.kv_hidden / self.tp * total / cp * self.model.dtype_bytes
-            cp_comm = (cp - 1) * (kv / bw + lat)
-        return gemm, attn, tp_comm, cp_comm
+            size = tokens * self.model.kv_hidden / self.tp * self.model.dtype_bytes
+            found += [Collective("reduce_scatter" if backward else "all_gather", "cp", cp, size)] * 2
+        return tuple(found)
+
+    def _comm_coefficients_of(self, backward: bool, cp: int) -> tuple[float, float]:
+        """(seconds per token, seconds per call) of ``layer_collectives`` (affine in tokens)."""
+        key = (backward, cp)
+        if key not in self._comm_coefficients:
+            links = {"tp": self.config.cluster.link(same_node=True),
+                     "cp": group_link(self.config.cluster, self.tp * cp)}
+            at = [sum(c.time(*links[c.group]) for c in self.layer_collectives(n, backward=backward, cp=cp))
+                  for n in (0.0, 1.0)]
+            self._comm_coefficients[key] = (at[1] - at[0], at[0])
+        return self._comm_coefficients[key]
+
+    def _comm_time(self, tokens: float, *, backward: bool, cp: int) -> float:
+        per_token, constant = self._comm_coefficients_of(backward, cp)
+        return per_token * tokens + constant if tokens > 0 else 0.0
 
     def layer_time(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on one transformer layer's forward (or backward) of a group."""
         cp = cp or self.cp
         tokens = np.asarray(tokens, dtype=np.int64)
-        gemm, attn, tp_comm, cp_comm = self._layer_parts(tokens, np.asarray(prefix, dtype=np.float64), cp)
+        gemm, attn = self._layer_parts(tokens, np.asarray(prefix, dtype=np.float64), cp)
         overhead = self.config.efficiency.layer_overhead_s
-        elementwise = self._elementwise * float(tokens.sum()) / cp
-        forward = overhead + gemm + max(attn, cp_comm) + elementwise + self._tp_collectives[0] * tp_comm
+        total = float(tokens.sum())
+        elementwise = self._elementwise * total / cp
+        forward = overhead + gemm + attn + elementwise + self._comm_time(total, backward=False, cp=cp)
         if not backward:
             return forward
         attn_backward = flops.ATTENTION_BACKWARD_FACTOR * attn * self._attn_rate / self._attn_backward_rate
         time = (BACKWARD_OVERHEAD_FACTOR * overhead + flops.GEMM_BACKWARD_FACTOR * gemm
-                + max(attn_backward, 2.0 * cp_comm) + flops.ELEMENTWISE_BACKWARD_FACTOR * elementwise
-                + self._tp_collectives[1] * tp_comm)
+                + attn_backward + flops.ELEMENTWISE_BACKWARD_FACTOR * elementwise
+                + self._comm_time(total, backward=True, cp=cp))
         if self.recompute == "full":
             time += forward
         elif self.recompute == "selective":
@@ -189,17 +218,13 @@ class CostModel:
         gemm = self._lin / shards / self._gemm_rate
         attn = self._attn_per_pair / shards / self._attn_rate
         elementwise = self._elementwise / self.cp
-        tp_comm = 0.0
-        if self.tp > 1:
-            bw, _ = self.config.cluster.link(same_node=True)
-            size = self.model.hidden * self.model.dtype_bytes / self.cp
-            tp_comm = (self.tp - 1) / self.tp * size / bw
-        forward_per_token = gemm + elementwise + self._tp_collectives[0] * tp_comm
+        comm = {b: self._comm_coefficients_of(b, self.cp)[0] for b in (False, True)}
+        forward_per_token = gemm + elementwise + comm[False]
         if not backward:
             per_token, per_pair = forward_per_token, attn
         else:
             per_token = (flops.GEMM_BACKWARD_FACTOR * gemm + flops.ELEMENTWISE_BACKWARD_FACTOR * elementwise
-                         + self._tp_collectives[1] * tp_comm)
+                         + comm[True])
             per_pair = flops.ATTENTION_BACKWARD_FACTOR * self._attn_per_pair / shards / self._attn_backward_rate
             if self.recompute == "full":
                 per_token, per_pair = per_token + forward_per_token, per_pair + attn
@@ -235,16 +260,13 @@ class CostModel:
         """Per-group part of a middle chunk's time that does not grow with tokens (see slice_costs)."""
         eff = self.config.efficiency
         gemm0 = self._lin / (self.tp * self.cp) / self._gemm_rate * self.cp * eff.gemm_half_tokens
-        tp_lat = 0.0
-        if self.tp > 1:
-            _, lat = self.config.cluster.link(same_node=True)
-            tp_lat = (self.tp - 1) * lat
-        forward = eff.layer_overhead_s + gemm0 + self._tp_collectives[0] * tp_lat
+        latency = {b: self._comm_coefficients_of(b, self.cp)[1] for b in (False, True)}
+        forward = eff.layer_overhead_s + gemm0 + latency[False]
         if not backward:
             per_layer = forward
         else:
             per_layer = (BACKWARD_OVERHEAD_FACTOR * eff.layer_overhead_s + flops.GEMM_BACKWARD_FACTOR * gemm0
-                         + self._tp_collectives[1] * tp_lat)
+                         + latency[True])
             if self.recompute == "full":
                 per_layer += forward
         return self.layers_per_chunk * per_layer
@@ -278,11 +300,12 @@ class CostModel:
 
     def layer_activation_bytes(self, tokens: float, *, cp: int | None = None) -> float:
         """Bytes one device keeps per transformer layer for ``tokens`` tokens (no stage extras)."""
-        return self._act_bytes_layer * tokens / (cp or self.cp)
+        share = memory.context_parallel_share(self._act_bytes_layer, self._kv_bytes[self.recompute], cp or self.cp)
+        return share * tokens
 
     def working_bytes(self, tokens: float, *, cp: int | None = None) -> float:
         """Transient bytes while one layer of a group of ``tokens`` tokens runs."""
-        return self._working_bytes_layer * tokens / (cp or self.cp)
+        return memory.context_parallel_share(self._working_bytes_layer, self._kv_bytes["none"], cp or self.cp) * tokens
 
     def stage_params(self, stage: int) -> float:
         """Parameters one device of pipeline stage ``stage`` holds (all its chunks), sharded by tp."""

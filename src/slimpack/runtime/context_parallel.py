@@ -14,12 +14,13 @@ reads them as prefix pieces without any further communication, and the gradient 
 into them flows back through the same reduce-scatter when the earlier cell runs its backward.
 
 Why all-gather and not a ring with the log-sum-exp merge (``kernels``): per layer both move the same
-bytes ((cp−1)/cp of the cell's K/V per rank, what ``cost.model`` charges for the forward), but the
-gather is one collective instead of cp−1 dependent steps, and the gathered K/V serve the cell's
-later slices and zigzag pieces without re-sending. Its price is memory: a rank keeps the cell's
-full K/V (2·kv_hidden/tp per token per layer, small under GQA) instead of 1/cp of it. Its backward
-is one reduce-scatter of dK/dV, where a ring sends K/V and dK/dV around again (the cost model's
-2x for backward). The same choice as Llama 3's context parallelism (Dubey et al. 2024, §3.3.2).
+bytes forward ((cp−1)/cp of the cell's K/V per rank), but the gather is one collective instead of
+cp−1 dependent steps, and the gathered K/V serve the cell's later slices and zigzag pieces without
+re-sending. Its price is memory: a rank keeps the cell's full K/V (2·kv_hidden/tp per token per
+layer, small under GQA) instead of 1/cp of it. Its backward is one reduce-scatter of dK/dV, where a
+ring sends K/V and dK/dV around again (twice the bytes). The same choice as Llama 3's context
+parallelism (Dubey et al. 2024, §3.3.2). ``CostModel.layer_collectives`` and
+``cost.memory.gathered_kv_bytes_per_token`` charge exactly this (tests/runtime/test_comm_accounting.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,12 @@ from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
 from slimpack.runtime.model import ModelStage, Transformer
 from slimpack.runtime.p2p import PeerFailure, PipelineLinks
 from slimpack.runtime.precision import MixedPrecision
-from slimpack.runtime.tensor_parallel import local, loss_context, parallelize_model
+from slimpack.runtime.tensor_parallel import (
+    local,
+    loss_context,
+    parallelize_model,
+    reduce_partial_gradients,
+)
 from slimpack.runtime.waits import WaitMonitor, fault_point, process_group_timeout
 from slimpack.schedule.lowering import Transfer, lower_action, walk
 from slimpack.sim.result import Span
@@ -266,6 +271,7 @@ class RankRuntime:
         for p in self.parameters:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        reduce_partial_gradients(self.parameters)
         if self.groups.stage_group is not None:
             grads = [local(p.grad) for p in self.parameters]  # this rank's tensor-parallel shards
             flat = torch.cat([g.reshape(-1) for g in grads])

@@ -26,6 +26,10 @@ without recomputation or ``retain_graph``:
   slice (``cells``); inputs, outputs and gradients have this rank's rows only. Each layer
   all-gathers a cell's K/V over the cp group (``context_parallel``); the gathered K/V are what is
   published for later slices, and each local piece attends to them like a slice to its prefix.
+- **Tensor parallelism** (a model from ``tensor_parallel.parallelize_model``): inputs, outputs and
+  gradients stay whole on every tp rank; inside a chunk the residual stream is this rank's rows
+  (sequence parallelism: ``shard_sequence`` on entry, ``gather_sequence`` on exit), and the
+  saved-tensor hooks keep the norms' gathered outputs as shards (``regather_hooks``).
 
 Activations of a cell are freed when its backward has run (the graph is dropped); an action whose
 dependencies are not met raises ``ScheduleError`` naming the action and the missing dependency.
@@ -43,11 +47,17 @@ import torch
 from slimpack.errors import ScheduleError
 from slimpack.plan.cells import CellSpec, GroupLayout, Run, fmt_slice
 from slimpack.plan.types import Slice
+from slimpack.runtime import context_parallel
 from slimpack.runtime.attention import KVPiece, resolve_backend, varlen_attention
-from slimpack.runtime.context_parallel import gather_rows
 from slimpack.runtime.loss import count_loss_tokens, slice_targets, token_losses
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.model import Attend, ModelStage
+from slimpack.runtime.tensor_parallel import (
+    gather_sequence,
+    is_sequence_parallel,
+    regather_hooks,
+    shard_sequence,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +169,10 @@ def _attention_order(specs: Sequence[CellSpec], name: str) -> list[int]:
     return order
 
 
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 class StageExecutor:
     """Runs forward and backward actions of one pipeline's groups on one ``ModelStage``.
 
@@ -252,7 +266,11 @@ class StageExecutor:
         return self._to_group_layout(specs, outputs, num_tokens)
 
     def _recording(self) -> Any:
-        return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
+        """Saved-tensor hooks: the memory tracker's, wrapped by sequence parallelism's re-gather."""
+        if not is_sequence_parallel(self.stage):
+            return self.tracker.recording() if self.tracker is not None else contextlib.nullcontext()
+        hooks = (self.tracker.pack, self.tracker.unpack) if self.tracker is not None else (_same, _same)
+        return torch.autograd.graph.saved_tensors_hooks(*regather_hooks(*hooks))
 
     def _forward_cells(self, specs: list[CellSpec],
                        inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
@@ -275,6 +293,7 @@ class StageExecutor:
             tables.append(self.stage.position_table(index.positions))
         states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
+        xs = [shard_sequence(x, self.stage) for x in xs]
         order = _attention_order(specs, self.name)
         for layer_index in range(len(self.stage.layers)):
             for i in order:
@@ -282,13 +301,14 @@ class StageExecutor:
                 xs[i] = self.stage.run_layer(layer_index, xs[i], tables[i], attend)
         outputs = []
         for state, x in zip(states, xs, strict=True):
-            if self.stage.has_head:
+            if self.stage.has_head:  # the final norm gathers the rows (sequence parallelism)
                 targets = torch.cat([slice_targets(self.tokens[state.spec.runs[p.run].sample_id], p.start, p.end)
                                      for p in state.spec.pieces] or [torch.zeros(0, dtype=torch.long, device=self.device)])
                 losses_t = token_losses(self.stage.logits(x), targets)
                 state.root = losses_t.sum() / max(self.num_loss_tokens, 1)
                 outputs.append(losses_t.detach())
             else:
+                x = gather_sequence(x)  # the whole rows, for the next stage
                 state.port = _GradHolder()
                 state.root = _OutputPort.apply(x, state.port)
                 outputs.append(x.detach())
@@ -300,7 +320,8 @@ class StageExecutor:
         def attend(q_thd: torch.Tensor, k_tkd: torch.Tensor, v_tkd: torch.Tensor, scale: float | None) -> torch.Tensor:
             runs = (k_tkd, v_tkd)
             if gather is not None:  # context parallel: every cp rank's K/V rows of the cell
-                runs = (gather_rows(k_tkd, *gather, self.cp_group), gather_rows(v_tkd, *gather, self.cp_group))
+                runs = (context_parallel.gather_rows(k_tkd, *gather, self.cp_group),
+                        context_parallel.gather_rows(v_tkd, *gather, self.cp_group))
             self._publish(state, layer_index, *runs)
             return self._attend(state.spec, layer_index, q_thd, (k_tkd, v_tkd), runs, scale)
         return attend
@@ -310,10 +331,17 @@ class StageExecutor:
                 scale: float | None = None) -> torch.Tensor:
         """Attention of the cell's pieces. ``kv_own``: K/V of this rank's rows (the pieces' own keys);
         ``kv_runs``: K/V of the cell's whole runs (the same tensors without context parallelism). A
-        piece [a, b) of run [s, e) attends to the sample's cache [0, s), then the run's [s, a) as
-        views of ``kv_runs`` (no copy), then its own keys [a, b)."""
+        piece [a, b) of run [s, e) attends to the sample's cache [0, s), then the run's [s, b) as
+        views of ``kv_runs`` (no copy). Without context parallelism the piece is its whole run and its
+        own keys are ``kv_own``; with it, its own keys [a, b) are read from the gathered ``kv_runs``
+        too, so attention's backward keeps the gathered K/V only, not this rank's rows a second time
+        (their gradient reaches ``kv_own`` through the gather's reduce-scatter)."""
+        gathered = kv_runs[0] is not kv_own[0]
         if not spec.pieces:  # this cp rank holds none of the cell's tokens
-            return torch.zeros_like(q_thd)
+            # a zero that depends on the gathered K/V: backward must reach the gather on every cp rank
+            # (its reduce-scatter is a collective), with a zero gradient from this one
+            anchor = (kv_runs[0].sum() + kv_runs[1].sum()) * 0 if gathered else 0
+            return torch.zeros_like(q_thd) + anchor
         starts = [0]
         for run in spec.runs:
             starts.append(starts[-1] + run.end - run.start)
@@ -322,11 +350,15 @@ class StageExecutor:
         for p in spec.pieces:
             run = spec.runs[p.run]
             cu.append(cu[-1] + p.end - p.start)
-            before = p.start - run.start
             first = starts[p.run]
-            earlier = [(k_runs[first:first + before], v_runs[first:first + before])] if before else []
+            end = first + (p.end if gathered else p.start) - run.start
+            earlier = [(k_runs[first:end], v_runs[first:end])] if end > first else []
             prefix.append(self._prefix(run, layer_index) + earlier)
-        return varlen_attention(q_thd, *kv_own, cu, prefix=prefix, backend=self.backend, scale=scale)
+        cu_own = cu
+        if gathered:  # no own keys (new empty tensors: a view would keep this rank's K/V alive)
+            kv_own = (kv_own[0].new_empty((0, *kv_own[0].shape[1:])), kv_own[1].new_empty((0, *kv_own[1].shape[1:])))
+            cu_own = [0] * len(cu)
+        return varlen_attention(q_thd, *kv_own, cu, cu_own, prefix=prefix, backend=self.backend, scale=scale)
 
     def _publish(self, state: _CellState, layer_index: int, k_tkd: torch.Tensor, v_tkd: torch.Tensor) -> None:
         """Put K/V of runs that later slices (in other cells) will read into the cache, as leaves."""

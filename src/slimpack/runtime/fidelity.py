@@ -6,6 +6,9 @@ timed steps (no optimizer step, so every repeat does the same work), then one mo
 measured time is the end of the last rank's optimizer span, from the step barrier; the figure is
 the fastest repeat. ``predicted_activation_peaks`` gives the simulator's per-stage peak of
 bytes kept for backward (what ``ActivationTracker`` counts: no model states, no working set).
+With tp or cp > 1 one more step runs under ``CollectiveLog`` and the bytes every rank sent in its
+tensor- and context-parallel collectives compare with ``predicted_comm_bytes``, the cost model's
+``layer_collectives`` of every simulated forward and backward.
 ``fidelity_row`` does it all for one strategy: plan, simulate, spawn the ranks, compare.
 """
 
@@ -44,6 +47,11 @@ class FidelityRow:
     measured_step_s: float
     predicted_activation_bytes: float
     measured_activation_bytes: float
+    predicted_comm_bytes: dict[str, float]
+    """Bytes all ranks send in the step's layers' "tp" and "cp" collectives, by the cost model."""
+    measured_comm_bytes: dict[str, float]
+    """Bytes all ranks sent in collectives on their tp and cp groups: the layers', and on tp also the
+    chunk boundaries' all-gathers, the embedding's and the LM head's, which the cost model omits."""
 
     @property
     def step_error(self) -> float:
@@ -64,6 +72,16 @@ def mape(errors: Sequence[float]) -> float:
     return sum(abs(e) for e in errors) / len(errors)
 
 
+def check_layout(config: Config) -> None:
+    """Refuse, before any work, a layout the runtime does not run as the cost model assumes."""
+    from slimpack.runtime.tensor_parallel import check_sequence_parallel
+
+    try:
+        check_sequence_parallel(config.parallel)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, repeats: int, threads: int,
                  timeout_s: float, rescale: bool, hf_config: str | None = None) -> FidelityRow:
     """Plan ``step`` of ``dataset`` with ``strategy``, simulate it, run it on pp x dp spawned ranks
@@ -71,6 +89,7 @@ def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, 
     from slimpack.runtime.calibrate import peak_flops
     from slimpack.runtime.launch import LaunchError, spawn
 
+    check_layout(config)
     plan = next(PlanStream(dataset, config, strategy, start=step)).plan
     cost = CostModel(plan.config)
     sim = simulate(plan, cost)
@@ -89,11 +108,15 @@ def fidelity_row(config: Config, dataset: Dataset, strategy: str, *, step: int, 
         predicted_step_s=sim.step_time_s * scale, speed_scale=scale, measured_step_s=measured_step_time(per_rank),
         predicted_activation_bytes=max(predicted_activation_peaks(sim, cost, par.pp,
                                                                   {i: p.cp for i, p in enumerate(plan.pipelines)})),
-        measured_activation_bytes=max(measured_activation_peaks(per_rank, par.pp)))
+        measured_activation_bytes=max(measured_activation_peaks(per_rank, par.pp)),
+        predicted_comm_bytes=predicted_comm_bytes(sim, cost, plan),
+        measured_comm_bytes={label: sum(r["comm_bytes"].get(label, 0.0) for r in per_rank)
+                             for label in ("tp", "cp") if any(label in r["comm_bytes"] for r in per_rank)})
 
 
 def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: int,
                  hf_config: str | None = None) -> dict[str, Any]:
+    from slimpack.runtime.collectives import CollectiveLog
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.mesh import Mesh
     from slimpack.runtime.models import build_runtime_model
@@ -113,8 +136,15 @@ def measure_rank(rank: int, world_size: int, plan: Plan, repeats: int, threads: 
         times.append(max(s.end_s for s in result.spans))
     memory = runtime.step(plan, tokens, optimizer_step=False, track_memory=True)
     rows = sum(s.tokens for s in memory.spans if s.kind == "F")
+    groups = {"tp": [runtime.groups.tp_mesh.get_group()] if runtime.groups.tp_mesh is not None else [],
+              "cp": runtime.groups.cp_groups()}
+    comm = {}
+    if any(groups.values()):
+        with CollectiveLog({label: g for label, g in groups.items() if g}) as log:
+            runtime.step(plan, tokens, optimizer_step=False)
+        comm = {label: log.sent_bytes(label) for label, g in groups.items() if g}
     return {"rank": rank, "stage": runtime.stage, "replica": runtime.replica, "times_s": times,
-            "peak_activation_bytes": memory.peak_activation_bytes, "forward_rows": rows}
+            "peak_activation_bytes": memory.peak_activation_bytes, "forward_rows": rows, "comm_bytes": comm}
 
 
 def measured_step_time(per_rank: list[dict[str, Any]]) -> float:
@@ -148,3 +178,19 @@ def predicted_activation_peaks(result: SimResult, cost: CostModel, pp: int,
                 level += delta
                 peaks[stage] = max(peaks[stage], level)
     return peaks
+
+
+def predicted_comm_bytes(result: SimResult, cost: CostModel, plan: Plan) -> dict[str, float]:
+    """Bytes all ranks send in the layers' tensor- and context-parallel collectives over the step:
+    ``layer_collectives`` of every simulated forward and backward (its pipeline's cp), on each layer
+    of its chunk and each of the tp·cp devices that run it. Keys: the groups with more than one rank."""
+    pp = plan.config.parallel.pp
+    totals: dict[str, float] = {}
+    for s in result.spans:
+        if s.kind not in ("F", "B"):
+            continue
+        cp = plan.pipelines[s.pipeline].cp
+        copies = cost.tp * cp * cost.chunk_shape(s.chunk * pp + s.stage).num_layers
+        for c in cost.layer_collectives(s.tokens, backward=s.kind == "B", cp=cp):
+            totals[c.group] = totals.get(c.group, 0.0) + copies * c.sent_bytes()
+    return totals

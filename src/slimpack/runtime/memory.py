@@ -76,20 +76,21 @@ class ActivationTracker:
         self.cache_only_bytes += nbytes * (cache_only - before_cache_only)
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
-    def _pack(self, tensor: torch.Tensor) -> Any:
+    def pack(self, tensor: torch.Tensor) -> Any:
+        """Saved-tensor pack hook: counts ``tensor`` until autograd drops what this returns."""
         key = _storage_key(tensor)
         if key is None or key in self._excluded:
             return tensor
         return _Held(tensor, self, key)
 
     @staticmethod
-    def _unpack(held: Any) -> torch.Tensor:
+    def unpack(held: Any) -> torch.Tensor:
         return held.tensor if isinstance(held, _Held) else held
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[ActivationTracker]:
         """Count what autograd saves inside this block."""
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
             yield self
 
     def hold(self, tensor: torch.Tensor) -> tuple[str, int, int] | None:

@@ -140,6 +140,10 @@ class ProcessGroups:
         """The process group of these ranks (created by ``ensure_cp_groups``)."""
         return self._cp_groups[ranks]
 
+    def cp_groups(self) -> list[Any]:
+        """Every cp group created so far that this rank belongs to."""
+        return [g for ranks, g in self._cp_groups.items() if self.rank in ranks]
+
     def ensure_cp_groups(self, plan: Plan) -> None:
         """Create the cp groups of ``plan``'s pipelines that do not exist yet. Collective: every rank
         calls it with the same plan, so every rank creates the same groups in the same order."""

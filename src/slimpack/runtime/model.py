@@ -95,7 +95,7 @@ class Block(nn.Module):
 
     def finish(self, x_te: torch.Tensor, attn_thd: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, MLP block, residual: the layer's output (T, E)."""
-        h1_te = x_te + self.wo(attn_thd.reshape(attn_thd.shape[0], -1))
+        h1_te = x_te + self.wo(attn_thd.flatten(1))
         b_te = self.mlp_norm(h1_te)
         if self.config.ffn_kind == "swiglu":
             inner_tf = silu_gate(self.w_gate(b_te), self.w_up(b_te))

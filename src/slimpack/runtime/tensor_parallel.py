@@ -1,4 +1,5 @@
-"""Tensor parallelism of the runtime's model through torch's DTensor API (Megatron's layer split).
+"""Tensor parallelism of the runtime's model through torch's DTensor API (Megatron's layer split
+with sequence parallelism, Korthikanti et al. 2023; the plan torchtitan uses).
 
 ``parallelize_model`` hands the model's modules to ``torch.distributed.tensor.parallel.
 parallelize_module`` over the tensor-parallel sub-mesh:
@@ -6,40 +7,41 @@ parallelize_module`` over the tensor-parallel sub-mesh:
 - attention: Q, K, V projections column-wise (each rank gets whole heads: rows of ``wq``/``wk``/
   ``wv`` are head-major, so rank t holds query heads [t·H/tp, (t+1)·H/tp) and KV heads
   [t·K/tp, (t+1)·K/tp), which are exactly the KV heads its query heads read under GQA); the output
-  projection row-wise, whose partial sums are all-reduced;
-- MLP: gate and up column-wise, down row-wise (one all-reduce);
+  projection row-wise, its partial sums reduce-scattered over the rows;
+- MLP: gate and up column-wise, down row-wise (reduce-scattered likewise);
+- norms (``SequenceParallel``): each rank normalises its own rows (T/tp; ``torch.chunk``'s split, so
+  T need not divide by tp); a hook all-gathers the output once for the column-wise projections;
 - embedding: vocabulary rows split (row-wise; the partial lookups are all-reduced);
-- LM head: vocabulary columns split. ``vocab_parallel=True`` keeps the logits sharded over the
-  vocabulary and computes the cross-entropy with torch's ``loss_parallel`` (a max and a sum-exp
-  all-reduce per token instead of gathering T x V logits); ``False`` all-gathers the logits.
+- LM head: vocabulary columns split, after the final norm (sequence-parallel like the others).
+  ``vocab_parallel=True`` keeps the logits sharded over the vocabulary and computes the
+  cross-entropy with torch's ``loss_parallel`` (a max and a sum-exp all-reduce per token instead of
+  gathering T x V logits); ``False`` all-gathers the logits.
 
-The attention itself runs on local heads with plain tensors: the column-wise projections hand back
-local tensors (``use_local_output``), so ``varlen_attention``, its K/V prefixes and the executor's
-cells work unchanged on H/tp query and K/tp KV heads (``Block.num_heads``/``num_kv_heads`` become
-the per-rank counts). Norm gains stay replicated, ordinary tensors; their gradients are identical on
-every tensor-parallel rank because their inputs and output gradients are (the column-wise layers'
-backward all-reduces the input gradient).
+The residual stream between layers is a DTensor sharded over the rows: ``shard_sequence`` makes a
+chunk's input (replicated: what P2P or the embedding hands over) this rank's rows, and
+``gather_sequence`` all-gathers a chunk's output for the next stage. Attention runs on local heads
+with plain tensors over all T rows: the column-wise projections hand back local tensors
+(``use_local_output``), so ``varlen_attention``, its K/V prefixes and the executor's cells work
+unchanged on H/tp query and K/tp KV heads (``Block.num_heads``/``num_kv_heads`` become the per-rank
+counts).
 
-Collectives per layer, forward: 2 all-reduces of the (T, E) activation (after ``wo`` and after
-``w_down``); backward: 2 more (the input gradients of the Q/K/V and gate/up projections). That is
-Megatron's count without sequence parallelism (Shoeybi et al. 2019, §3), i.e. 4 ring reduce-scatter
-+ all-gather pairs per layer — ``cost.model.TP_COLLECTIVES_FORWARD`` counts each all-reduce as a
-reduce-scatter plus an all-gather over forward and backward together.
-
-Sequence parallelism (norms on T/tp rows) is not applied: the executor's groups and cells have token
-counts that need not divide by tp, and DTensor's ``Shard`` on an uneven dimension needs explicit
-global shapes at every boundary. The activations between layers are therefore replicated over tp.
+Collectives per layer (``cost.model.TP_COLLECTIVES``, tests/runtime/test_comm_accounting.py), each
+on the (T, E) layer input: forward, per block an all-gather of the norm output and a
+reduce-scatter of the block output; backward, per block an all-gather of the output gradient, a
+second all-gather of the norm output (``regather_hooks``: autograd keeps the shard, not the gathered
+tensor, as Megatron does) and a reduce-scatter of the input gradient. The norm gains' gradients are
+partial sums over each rank's rows, reduced over tp once per step (``reduce_partial_gradients``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from slimpack.config import ModelConfig
+from slimpack.config import ModelConfig, ParallelConfig
 from slimpack.runtime.model import Transformer
 
 
@@ -54,6 +56,14 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
                          "the vocabulary-split embedding)")
 
 
+def check_sequence_parallel(parallel: ParallelConfig) -> None:
+    """``ValueError`` when a layout asks for tensor parallelism without sequence parallelism: the
+    runtime always runs it, so the cost model's plan would be for a different run."""
+    if parallel.tp > 1 and not parallel.sequence_parallel:
+        raise ValueError(f"tp={parallel.tp} with sequence_parallel false: the runtime's tensor parallelism "
+                         f"always runs sequence parallelism; set sequence_parallel true")
+
+
 def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool = True) -> Transformer:
     """Shard ``model``'s layers, embedding and head over ``tp_mesh`` (a 1-D ``DeviceMesh``), in place.
 
@@ -63,8 +73,8 @@ def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool 
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleOutput,
         RowwiseParallel,
+        SequenceParallel,
         parallelize_module,
     )
 
@@ -72,25 +82,101 @@ def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool 
     check_tensor_parallel(model.config, tp)
     if tp == 1:
         return model
+    rows = Shard(0)
     for block in model.layers:
-        # the norms' outputs become one replicated DTensor each, shared by the column-wise layers
-        # that read them: their input gradients then add up as one partial sum, all-reduced once
-        # (Megatron's fused QKV), not once per projection
-        replicated = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
-                                         use_local_output=False)
-        plan = {"attn_norm": replicated, "mlp_norm": replicated,
+        plan = {"attn_norm": SequenceParallel(sequence_dim=0), "mlp_norm": SequenceParallel(sequence_dim=0),
                 "wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
-                "wo": RowwiseParallel(), "w_up": ColwiseParallel(), "w_down": RowwiseParallel()}
+                "wo": RowwiseParallel(output_layouts=rows, use_local_output=False),
+                "w_up": ColwiseParallel(),
+                "w_down": RowwiseParallel(output_layouts=rows, use_local_output=False)}
         if hasattr(block, "w_gate"):
             plan["w_gate"] = ColwiseParallel()
         parallelize_module(block, tp_mesh, plan)
+        block.attn_norm.register_forward_hook(_gather_norm_output)
+        block.mlp_norm.register_forward_hook(_gather_norm_output)
         block.num_heads //= tp
         block.num_kv_heads //= tp
     head_output = Shard(-1) if vocab_parallel else Replicate()
     parallelize_module(model, tp_mesh, {
         "embedding": RowwiseParallel(input_layouts=Replicate()),
+        "final_norm": SequenceParallel(sequence_dim=0),
         "head": ColwiseParallel(output_layouts=head_output, use_local_output=not vocab_parallel)})
+    model.final_norm.register_forward_hook(_gather_norm_output)
     return model
+
+
+class _Regather:
+    """A norm's all-gathered output as autograd keeps it: its sequence shard only (``shard``), gathered
+    again when backward first needs it (``full``, then shared by the projections that saved it)."""
+
+    __slots__ = ("shard", "full")
+
+    def __init__(self, shard: torch.Tensor) -> None:
+        self.shard, self.full = shard, None
+
+
+def _gather_norm_output(_module: Any, _inputs: Any, shard: torch.Tensor) -> torch.Tensor:
+    """Forward hook of a sequence-parallel norm: its output (this rank's rows) all-gathered once into
+    one replicated DTensor that the column-wise projections reading it share, so their input
+    gradients add up as one partial sum, reduce-scattered once in backward (Megatron's fused QKV and
+    gate/up). Tagged for ``regather_hooks``."""
+    from torch.distributed.tensor import Replicate
+
+    gathered = shard.redistribute(placements=[Replicate()])
+    gathered._slimpack_regather = _Regather(shard)
+    return gathered
+
+
+def regather_hooks(pack: Callable[[torch.Tensor], Any],
+                   unpack: Callable[[Any], torch.Tensor]) -> tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]:
+    """Saved-tensor hooks (around ``pack``/``unpack``, e.g. the memory tracker's) that save a gathered
+    norm output as its shard and all-gather it again in backward, as Megatron's sequence parallelism
+    does for the QKV and MLP inputs: 1/tp of their memory for one more all-gather per block."""
+
+    def pack_tagged(tensor: torch.Tensor) -> Any:
+        regather = getattr(tensor, "_slimpack_regather", None)
+        return pack(tensor) if regather is None else (regather, pack(regather.shard))
+
+    def unpack_tagged(saved: Any) -> torch.Tensor:
+        if not (isinstance(saved, tuple) and isinstance(saved[0], _Regather)):
+            return unpack(saved)
+        regather, packed = saved
+        if regather.full is None:
+            from torch.distributed.tensor import Replicate
+
+            regather.full = unpack(packed).redistribute(placements=[Replicate()])
+        return regather.full
+
+    return pack_tagged, unpack_tagged
+
+
+def is_sequence_parallel(stage: Any) -> bool:
+    """Whether ``stage``'s layers run tensor- and sequence-parallel (their norm gains are DTensors;
+    transformers' layers, which have no ``attn_norm``, never do)."""
+    from torch.distributed.tensor import DTensor
+
+    norm = getattr(stage.layers[0], "attn_norm", None) if len(stage.layers) else None
+    return norm is not None and isinstance(norm.weight, DTensor)
+
+
+def shard_sequence(x_te: torch.Tensor, stage: Any) -> torch.Tensor:
+    """A chunk's layer input, replicated over tp (a plain tensor), as this rank's rows of a DTensor
+    sharded over the sequence (``torch.chunk``'s split of the rows; no communication; backward: the
+    gradient all-gathered). ``x_te`` itself when ``stage``'s layers are not tensor-parallel."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not is_sequence_parallel(stage):
+        return x_te
+    mesh = stage.layers[0].attn_norm.weight.device_mesh
+    return DTensor.from_local(x_te, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(0)])
+
+
+def gather_sequence(x_te: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``shard_sequence``: the whole chunk output on every tp rank (all-gathered; backward:
+    this rank's rows of the replicated gradient, no communication)."""
+    from torch.distributed.tensor import DTensor
+
+    return x_te.full_tensor() if isinstance(x_te, DTensor) else x_te
 
 
 @contextlib.contextmanager
@@ -105,6 +191,17 @@ def loss_context(tp: int) -> Iterator[None]:
 
     with loss_parallel():
         yield
+
+
+def reduce_partial_gradients(params: Iterable[torch.Tensor]) -> None:
+    """Sum the norm gains' gradients over the tp ranks, once per step: under sequence parallelism each
+    rank's gradient of a replicated gain covers its own rows only (a ``Partial`` DTensor), as
+    Megatron's all-reduce of sequence-parallel layer-norm gradients."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    for p in params:
+        if isinstance(p.grad, DTensor) and any(placement.is_partial() for placement in p.grad.placements):
+            p.grad = p.grad.redistribute(placements=[Replicate()])
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from slimpack.runtime.loader import PlanningLoader
 from slimpack.runtime.mesh import Mesh
 from slimpack.runtime.models import build_runtime_model
 from slimpack.runtime.precision import MixedPrecision
-from slimpack.runtime.tensor_parallel import check_tensor_parallel
+from slimpack.runtime.tensor_parallel import check_sequence_parallel, check_tensor_parallel
 from slimpack.runtime.waits import process_group_timeout
 from slimpack.sim.result import Span
 from slimpack.sim.trace import spans_trace
@@ -119,6 +119,7 @@ class Trainer:
         par, model = self.config.parallel, self.config.model
         try:
             check_tensor_parallel(model, par.tp)
+            check_sequence_parallel(par)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if self.options.hf_config is not None and par.tp > 1:
@@ -140,9 +141,16 @@ class Trainer:
             raise UserError(f"--attention: {exc}") from None
 
     def run(self) -> list[dict[str, Any]]:
-        """Train; returns the per-step records (every rank computes them; rank 0 prints them)."""
+        """Train; returns the per-step records (every rank computes them; rank 0 prints them). The
+        process group is torn down however training ends, so a caller can train again."""
+        init_process_group(self.config, self.options.timeout_s)
+        try:
+            return self._train()
+        finally:
+            dist.destroy_process_group()
+
+    def _train(self) -> list[dict[str, Any]]:
         options, config = self.options, self.config
-        init_process_group(config, options.timeout_s)
         say = print if dist.get_rank() == 0 else (lambda *_a, **_k: None)
         corpus = TextCorpus.stdlib(options.max_files)
         loader = PlanningLoader(corpus.dataset(), config, options.strategy, shuffle=options.shuffle,
@@ -161,7 +169,6 @@ class Trainer:
             loader.close()
             runtime.close()
         self._write_outputs(spans, records, say)
-        dist.destroy_process_group()
         return records
 
     def _rank_runtime(self) -> distributed.RankRuntime:
