@@ -257,11 +257,13 @@ def collectives_of_one_layer(rank: int, world_size: int, num_tokens: int) -> dic
 
 
 def hf_gradient_check(rank: int, world_size: int, plan: Plan, config_path: str, seed: int) -> dict:
-    """One step of ``plan`` with transformers' model of ``config_path``; this rank's gradients vs the
-    model's own unpacked forward/backward of every sample in one process."""
+    """One step of ``plan`` with transformers' model of ``config_path``; this rank's gradients (whole:
+    tensor-parallel shards gathered) vs the model's own unpacked forward/backward of every sample in
+    one process, on an unsharded copy; ``shards``: this rank's parameter shapes."""
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.hf_model import build_hf_model, hf_reference_loss
     from slimpack.runtime.mesh import Mesh
+    from slimpack.runtime.tensor_parallel import full, local
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
     net = build_hf_model(config_path, seed=seed, dtype=torch.float64)
@@ -269,9 +271,10 @@ def hf_gradient_check(rank: int, world_size: int, plan: Plan, config_path: str, 
     runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel), backend="cpu", timeout_s=60)
     names = {id(p): n for n, p in net.named_parameters()}
     result = runtime.step(plan, tokens, optimizer_step=False)
-    grads = {names[id(p)]: p.grad.clone() for p in runtime.parameters}
-    net.zero_grad(set_to_none=True)
-    ref_loss = float(hf_reference_loss(net, tokens))
-    ref = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in net.named_parameters()}
+    grads = {names[id(p)]: full(p.grad).clone() for p in runtime.parameters}
+    reference = build_hf_model(config_path, seed=seed, dtype=torch.float64)
+    ref_loss = float(hf_reference_loss(reference, tokens))
+    ref = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
     return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, {n: ref[n] for n in grads}),
-            "position": tuple(runtime.position), "cp": [p.cp for p in plan.pipelines]}
+            "position": tuple(runtime.position), "cp": [p.cp for p in plan.pipelines],
+            "shards": {n: tuple(local(p).shape) for n, p in net.named_parameters()}}
