@@ -215,7 +215,7 @@ class CollectiveCounter:
                     kind = cls.KINDS[name]
                     if name == "allgather_":
                         tensor = args[1][0]
-                    elif name == "reduce_scatter_":
+                    elif name in ("reduce_scatter_", "allreduce_"):  # c10d ops take lists of tensors
                         tensor = args[0][0]
                     else:
                         tensor = args[0]
@@ -278,3 +278,23 @@ def hf_gradient_check(rank: int, world_size: int, plan: Plan, config_path: str, 
     return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, {n: ref[n] for n in grads}),
             "position": tuple(runtime.position), "cp": [p.cp for p in plan.pipelines],
             "shards": {n: tuple(local(p).shape) for n, p in net.named_parameters()}}
+
+
+def hf_collectives_of_one_layer(rank: int, world_size: int, config_path: str, num_tokens: int) -> dict:
+    """Forward and backward of one middle decoder layer of transformers' model of ``config_path``
+    (one slice of ``num_tokens``), tensor-parallel over the ranks: the collectives each issues."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from slimpack.runtime.executor import StageExecutor
+    from slimpack.runtime.hf_model import build_hf_model
+    from slimpack.runtime.hf_tensor_parallel import parallelize_hf_model
+
+    net = parallelize_hf_model(build_hf_model(config_path, dtype=torch.float64), init_device_mesh("cpu", (world_size,)))
+    groups = ((Slice(0, 0, num_tokens),),)
+    executor = StageExecutor(net.stage(1, 2), groups, groups, sample_lengths={0: num_tokens}, backend="cpu")
+    generator = torch.Generator().manual_seed(0)  # the same input on every tp rank
+    with CollectiveCounter() as forward:
+        executor.forward(0, torch.randn(num_tokens, net.config.hidden, dtype=torch.float64, generator=generator))
+    with CollectiveCounter() as backward:
+        executor.backward(0, torch.randn(num_tokens, net.config.hidden, dtype=torch.float64, generator=generator))
+    return {"forward": forward.records, "backward": backward.records}

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from dist_workers import hf_gradient_check
+from dist_workers import hf_collectives_of_one_layer, hf_gradient_check
 from test_train_cli import run_cli
 
 from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.cost.model import TP_COLLECTIVES_FORWARD
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.runtime.launch import spawn
 
@@ -60,6 +61,22 @@ def test_tp2_matches_the_unpacked_run(tmp_path, kind):
         assert shards["hf.lm_head.weight"] == (VOCAB // 2, HIDDEN)
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-12 * abs(r["ref_loss"])
         assert max(r["errors"].values()) < 1e-10, r["errors"]
+
+
+@pytest.mark.distributed
+def test_collectives_of_one_layer(tmp_path):
+    """Plain tensor parallelism (no sequence parallelism): 2 all-reduces of the (T, E) activation
+    forward and 2 backward, which is the cost model's ring-pass count without sequence parallelism
+    (an all-reduce = a reduce-scatter + an all-gather); Qwen3 adds the all-reduce of its q and k
+    norm gains' gradients (head_dim elements each) in backward."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIGS["qwen3"], "num_hidden_layers": 3}))
+    tokens = 12
+    activation = ("all_reduce", tokens * HIDDEN)
+    for r in spawn(hf_collectives_of_one_layer, 2, (str(path), tokens), timeout_s=120):
+        assert r["forward"] == [activation, activation]
+        assert 2 * len(r["forward"]) == TP_COLLECTIVES_FORWARD
+        assert sorted(r["backward"]) == sorted([activation, activation] + [("all_reduce", HEAD_DIM)] * 2)
 
 
 def test_train_refuses_kv_heads_that_tp_does_not_split(tmp_path, capsys):
