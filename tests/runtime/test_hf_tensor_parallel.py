@@ -29,12 +29,12 @@ CONFIGS = {
 }
 
 
-def _sliced_plan(model: str) -> Plan:
+def _sliced_plan(model: str, cp: int = 1) -> Plan:
     """Sample 0 in three slices (K/V prefixes), forward and backward grouped differently; tp 2."""
     s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
-    pipe = PipelinePlan(replicas=(0,), cp=1, forward=((s[0],), (s[1], s[3]), (s[2], s[4])),
+    pipe = PipelinePlan(replicas=(0,), cp=cp, forward=((s[0],), (s[1], s[3]), (s[2], s[4])),
                         backward=((s[4],), (s[2], s[1]), (s[3], s[0])))
-    cfg = build_config(model=model, parallel=ParallelConfig(tp=2, pp=1), train=TrainConfig(max_context=256))
+    cfg = build_config(model=model, parallel=ParallelConfig(tp=2, cp=cp, pp=1), train=TrainConfig(max_context=256))
     return Plan(config=cfg, strategy="hand", samples=tuple(Sample(id=i, length=n) for i, n in enumerate((100, 30, 50))),
                 pipelines=(pipe,))
 
@@ -59,6 +59,20 @@ def test_tp2_matches_the_unpacked_run(tmp_path, kind):
         assert shards[layer + "input_layernorm.weight"] == (HIDDEN,)  # replicated
         assert shards["hf.model.embed_tokens.weight"] == (VOCAB // 2, HIDDEN)
         assert shards["hf.lm_head.weight"] == (VOCAB // 2, HIDDEN)
+        assert abs(r["loss"] - r["ref_loss"]) <= 1e-12 * abs(r["ref_loss"])
+        assert max(r["errors"].values()) < 1e-10, r["errors"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tp2_by_cp2_on_four_ranks(tmp_path):
+    """Qwen3 over tp 2 x cp 2: each cp rank's zigzag share of every slice, its K/V all-gather over cp
+    carrying the rank's one KV head; loss and gradients equal to the unpacked run."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIGS["qwen3"]))
+    results = spawn(hf_gradient_check, 4, (_sliced_plan(str(path), cp=2), str(path), 0), timeout_s=300)
+    assert sorted(r["position"] for r in results) == [(0, 0, c, t) for c in (0, 1) for t in (0, 1)]
+    for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-12 * abs(r["ref_loss"])
         assert max(r["errors"].values()) < 1e-10, r["errors"]
 
