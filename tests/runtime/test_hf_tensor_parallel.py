@@ -8,7 +8,6 @@ import json
 
 import pytest
 from dist_workers import hf_collectives_of_one_layer, hf_gradient_check
-from test_train_cli import run_cli
 
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost.model import TP_COLLECTIVES_FORWARD
@@ -93,10 +92,10 @@ def test_collectives_of_one_layer(tmp_path):
         assert sorted(r["backward"]) == sorted([activation, activation] + [("all_reduce", HEAD_DIM)] * 2)
 
 
-def test_train_refuses_kv_heads_that_tp_does_not_split(tmp_path, capsys):
+def test_train_refuses_kv_heads_that_tp_does_not_split(tmp_path, capsys, cli):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**CONFIGS["llama"], "vocab_size": 256}))
-    assert run_cli(["train", "--model", str(path), "--tp", "4"]) == 2
+    assert cli(["train", "--model", str(path), "--tp", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.endswith("has 2 KV heads, not divisible by tp=4 (each tensor-parallel rank "
                                             "needs whole KV heads)")
