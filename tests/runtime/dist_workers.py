@@ -228,11 +228,13 @@ def collectives_of_one_layer(rank: int, world_size: int, num_tokens: int) -> dic
 
 
 def hf_gradient_check(rank: int, world_size: int, plan: Plan, config_path: str, seed: int) -> dict:
-    """One step of ``plan`` with transformers' model of ``config_path``; this rank's gradients vs the
-    model's own unpacked forward/backward of every sample in one process."""
+    """One step of ``plan`` with transformers' model of ``config_path``; this rank's gradients (whole:
+    tensor-parallel shards gathered) vs the model's own unpacked forward/backward of every sample in
+    one process, on an unsharded copy; ``shards``: this rank's parameter shapes."""
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.hf_model import build_hf_model, hf_reference_loss
     from slimpack.runtime.mesh import Mesh
+    from slimpack.runtime.tensor_parallel import full, local
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
     net = build_hf_model(config_path, seed=seed, dtype=torch.float64)
@@ -240,9 +242,36 @@ def hf_gradient_check(rank: int, world_size: int, plan: Plan, config_path: str, 
     runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel), backend="cpu", timeout_s=60)
     names = {id(p): n for n, p in net.named_parameters()}
     result = runtime.step(plan, tokens, optimizer_step=False)
-    grads = {names[id(p)]: p.grad.clone() for p in runtime.parameters}
-    net.zero_grad(set_to_none=True)
-    ref_loss = float(hf_reference_loss(net, tokens))
-    ref = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in net.named_parameters()}
+    grads = {names[id(p)]: full(p.grad).clone() for p in runtime.parameters}
+    reference = build_hf_model(config_path, seed=seed, dtype=torch.float64)
+    ref_loss = float(hf_reference_loss(reference, tokens))
+    ref = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
     return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, {n: ref[n] for n in grads}),
-            "position": tuple(runtime.position), "cp": [p.cp for p in plan.pipelines]}
+            "position": tuple(runtime.position), "cp": [p.cp for p in plan.pipelines],
+            "shards": {n: tuple(local(p).shape) for n, p in net.named_parameters()}}
+
+
+def hf_collectives_of_one_layer(rank: int, world_size: int, config_path: str, num_tokens: int) -> dict:
+    """Forward and backward of one middle decoder layer of transformers' model of ``config_path``
+    (one slice of ``num_tokens``), tensor-parallel over the ranks: the collectives each issues."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from slimpack.runtime.collectives import CollectiveLog
+    from slimpack.runtime.executor import StageExecutor
+    from slimpack.runtime.hf_model import build_hf_model
+    from slimpack.runtime.hf_tensor_parallel import parallelize_hf_model
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    net = parallelize_hf_model(build_hf_model(config_path, dtype=torch.float64), mesh)
+    groups = ((Slice(0, 0, num_tokens),),)
+    executor = StageExecutor(net.stage(1, 2), groups, groups, sample_lengths={0: num_tokens}, backend="cpu")
+    generator = torch.Generator().manual_seed(0)  # the same input on every tp rank
+    with CollectiveLog({"tp": [mesh.get_group()]}) as forward:
+        executor.forward(0, torch.randn(num_tokens, net.config.hidden, dtype=torch.float64, generator=generator))
+    with CollectiveLog({"tp": [mesh.get_group()]}) as backward:
+        executor.backward(0, torch.randn(num_tokens, net.config.hidden, dtype=torch.float64, generator=generator))
+
+    def elements(log: CollectiveLog) -> list[tuple[str, int]]:  # float64: 8 bytes an element
+        return [(c.kind, int(c.size_bytes) // 8) for c in log.records]
+
+    return {"forward": elements(forward), "backward": elements(backward)}

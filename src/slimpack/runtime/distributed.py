@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from slimpack.plan.types import PipelinePlan, Plan
 from slimpack.runtime.executor import StageExecutor
+from slimpack.runtime.hf_tensor_parallel import parallelize_hf_model
 from slimpack.runtime.loss import count_loss_tokens
 from slimpack.runtime.memory import ActivationTracker
 from slimpack.runtime.mesh import Mesh, ProcessGroups, build_process_groups
@@ -117,7 +118,7 @@ class RankRuntime:
         self.replica, self.stage = self.position.replica, self.position.stage
         self.groups = groups or build_process_groups(mesh)
         if mesh.tp > 1:
-            parallelize_model(model, self.groups.tp_mesh)
+            (parallelize_model if isinstance(model, Transformer) else parallelize_hf_model)(model, self.groups.tp_mesh)
         self.num_chunks = mesh.pp * virtual_stages
         chunks = model.split(self.num_chunks, stage_layers)
         self.chunk_ids = [c * mesh.pp + self.stage for c in range(virtual_stages)]

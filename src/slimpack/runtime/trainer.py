@@ -122,9 +122,6 @@ class Trainer:
             check_sequence_parallel(par)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        if self.options.hf_config is not None and par.tp > 1:
-            raise UserError("tensor parallelism shards the home-made model only; a Hugging Face model "
-                            "runs with --tp 1")
         if model.vocab_size != VOCAB_SIZE:
             raise UserError(f"training text is byte-level (vocabulary {VOCAB_SIZE}); model {model.name} has "
                             f"{model.vocab_size}: use --model tiny or a config with vocab_size {VOCAB_SIZE}")
