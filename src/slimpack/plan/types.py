@@ -36,18 +36,10 @@ class Slice(NamedTuple):
 Group = tuple[Slice, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    """Consecutive slices of one sample run next to each other: one attention segment (one varlen
-    entry, one kernel tile schedule) over queries [start, end) with keys [0, end)."""
-
-    sample_id: int
-    start: int
-    end: int
-
-    @property
-    def tokens(self) -> int:
-        return self.end - self.start
+Run = Slice
+"""Consecutive slices of one sample run next to each other, as the one slice they span: one
+attention segment (one varlen entry, one kernel tile schedule) over queries [start, end) with keys
+[0, end)."""
 
 
 def runs(group: Sequence[Slice]) -> list[Run]:
@@ -56,9 +48,9 @@ def runs(group: Sequence[Slice]) -> list[Run]:
     out: list[Run] = []
     for s in group:
         if out and s.sample_id == out[-1].sample_id and s.start == out[-1].end:
-            out[-1] = Run(s.sample_id, out[-1].start, s.end)
+            out[-1] = Slice(s.sample_id, out[-1].start, s.end)
         else:
-            out.append(Run(s.sample_id, s.start, s.end))
+            out.append(Slice(s.sample_id, s.start, s.end))
     return out
 
 
