@@ -48,3 +48,23 @@ def test_tp_must_split_whole_heads():
         check_tensor_parallel(TINY, 3)
     with pytest.raises(ValueError, match="tied embeddings"):
         check_tensor_parallel(dataclasses.replace(TINY, tie_embeddings=True), 2)
+
+
+@pytest.mark.parametrize(("layer_ops", "sequence_parallel", "refused"), [
+    ("slimpack", True, None), ("slimpack", False, "sequence_parallel false"),
+    ("transformers", False, None), ("transformers", True, "sequence_parallel true"),
+])
+def test_the_layout_must_say_whether_the_runtime_runs_sequence_parallelism(layer_ops, sequence_parallel, refused):
+    """slimpack's layers always run sequence parallelism under tp, transformers' never do: a layout
+    that says otherwise would be costed for another run."""
+    from slimpack.config import ParallelConfig, TrainConfig, build_config
+    from slimpack.runtime.tensor_parallel import check_sequence_parallel
+
+    config = build_config(model="tiny", parallel=ParallelConfig(tp=2, sequence_parallel=sequence_parallel),
+                          train=TrainConfig(layer_ops=layer_ops))
+    if refused is None:
+        check_sequence_parallel(config)
+    else:
+        with pytest.raises(ValueError, match=f"tp=2 with {refused}"):
+            check_sequence_parallel(config)
+    check_sequence_parallel(build_config(model="tiny", train=TrainConfig(layer_ops=layer_ops)))  # tp 1: either

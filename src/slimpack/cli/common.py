@@ -189,8 +189,10 @@ def hf_config_arg(args: argparse.Namespace) -> str | None:
 
 def runtime_config_from_args(args: argparse.Namespace) -> Config:
     """``config_from_args`` for the commands that run the runtime: with ``--model config.json`` it runs
-    transformers' modules, whose extra kept activations the memory model then counts."""
+    transformers' modules, whose extra kept activations the memory model then counts, and plain
+    tensor parallelism (no sequence parallelism), whose collectives the cost model then charges."""
     config = config_from_args(args)
     if hf_config_arg(args) is None:
         return config
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, layer_ops="transformers"))
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, layer_ops="transformers"),
+                               parallel=dataclasses.replace(config.parallel, sequence_parallel=False))

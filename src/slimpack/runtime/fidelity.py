@@ -77,7 +77,7 @@ def check_layout(config: Config) -> None:
     from slimpack.runtime.tensor_parallel import check_sequence_parallel
 
     try:
-        check_sequence_parallel(config.parallel)
+        check_sequence_parallel(config)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

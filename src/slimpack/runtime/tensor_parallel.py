@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from slimpack.config import ModelConfig, ParallelConfig
+from slimpack.config import Config, ModelConfig
 from slimpack.runtime.model import Transformer
 
 
@@ -56,12 +56,19 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
                          "the vocabulary-split embedding)")
 
 
-def check_sequence_parallel(parallel: ParallelConfig) -> None:
-    """``ValueError`` when a layout asks for tensor parallelism without sequence parallelism: the
-    runtime always runs it, so the cost model's plan would be for a different run."""
-    if parallel.tp > 1 and not parallel.sequence_parallel:
-        raise ValueError(f"tp={parallel.tp} with sequence_parallel false: the runtime's tensor parallelism "
+def check_sequence_parallel(config: Config) -> None:
+    """``ValueError`` when the layout's ``sequence_parallel`` is not what the runtime runs under tensor
+    parallelism: slimpack's layers always run sequence parallelism, transformers' modules never do
+    (``hf_tensor_parallel``); the cost model's plan would be for a different run."""
+    par = config.parallel
+    if par.tp == 1:
+        return
+    if config.train.layer_ops == "slimpack" and not par.sequence_parallel:
+        raise ValueError(f"tp={par.tp} with sequence_parallel false: the runtime's tensor parallelism "
                          f"always runs sequence parallelism; set sequence_parallel true")
+    if config.train.layer_ops == "transformers" and par.sequence_parallel:
+        raise ValueError(f"tp={par.tp} with sequence_parallel true: transformers' layers run plain tensor "
+                         f"parallelism; set sequence_parallel false")
 
 
 def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool = True) -> Transformer:

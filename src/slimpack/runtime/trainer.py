@@ -117,9 +117,13 @@ class Trainer:
     def check(self, argv: list[str]) -> None:
         """Refuse what cannot run, before the process group or any work starts."""
         par, model = self.config.parallel, self.config.model
+        ops = "transformers" if self.options.hf_config is not None else "slimpack"
+        if self.config.train.layer_ops != ops:
+            raise UserError(f"the runtime runs {ops} layers here, but the config's layer_ops is "
+                            f"{self.config.train.layer_ops!r}: its memory model would be for other layers")
         try:
             check_tensor_parallel(model, par.tp)
-            check_sequence_parallel(par)
+            check_sequence_parallel(self.config)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if model.vocab_size != VOCAB_SIZE:
