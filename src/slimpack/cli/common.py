@@ -4,7 +4,6 @@ and output helpers they share."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -188,11 +187,8 @@ def hf_config_arg(args: argparse.Namespace) -> str | None:
 
 
 def runtime_config_from_args(args: argparse.Namespace) -> Config:
-    """``config_from_args`` for the commands that run the runtime: with ``--model config.json`` it runs
-    transformers' modules, whose extra kept activations the memory model then counts, and plain
-    tensor parallelism (no sequence parallelism), whose collectives the cost model then charges."""
-    config = config_from_args(args)
-    if hf_config_arg(args) is None:
-        return config
-    return dataclasses.replace(config, train=dataclasses.replace(config.train, layer_ops="transformers"),
-                               parallel=dataclasses.replace(config.parallel, sequence_parallel=False))
+    """``config_from_args`` for the commands that run the runtime, as it runs the ``--model``
+    (``runtime.models.as_run``; torch is imported only here)."""
+    from slimpack.runtime.models import as_run
+
+    return as_run(config_from_args(args), hf_config_arg(args))

@@ -4,13 +4,14 @@ reference run. transformers is imported only when a Hugging Face config is named
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from types import ModuleType
 
 import torch
 
-from slimpack.config import ModelConfig
+from slimpack.config import Config, ModelConfig
 from slimpack.config.hf import is_hf_config
 from slimpack.errors import UserError
 from slimpack.runtime.model import Transformer, build_model
@@ -24,6 +25,22 @@ def import_hf_model() -> ModuleType:
     except ImportError as exc:
         raise UserError(f"a Hugging Face model needs transformers ({exc.name} is missing): "
                         f"install slimpack[hf]") from None
+
+
+def layer_ops(hf_config: str | None) -> str:
+    """Whose layer code the runtime runs (``TrainConfig.layer_ops``): transformers' modules for a Hugging
+    Face config.json, slimpack's own otherwise."""
+    return "transformers" if hf_config is not None else "slimpack"
+
+
+def as_run(config: Config, hf_config: str | None) -> Config:
+    """``config`` as the runtime runs the model: transformers' modules keep more activations than
+    slimpack's (``layer_ops``) and run plain tensor parallelism (no sequence parallelism), so the
+    memory and cost model then count what runs."""
+    if hf_config is None:
+        return config
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, layer_ops=layer_ops(hf_config)),
+                               parallel=dataclasses.replace(config.parallel, sequence_parallel=False))
 
 
 def build_runtime_model(model: ModelConfig | str, config: ModelConfig, *, seed: int, dtype: torch.dtype,

@@ -29,7 +29,7 @@ from slimpack.runtime import distributed
 from slimpack.runtime.attention import resolve_backend
 from slimpack.runtime.loader import PlanningLoader
 from slimpack.runtime.mesh import Mesh
-from slimpack.runtime.models import build_runtime_model
+from slimpack.runtime.models import build_runtime_model, layer_ops
 from slimpack.runtime.precision import MixedPrecision
 from slimpack.runtime.tensor_parallel import check_sequence_parallel, check_tensor_parallel
 from slimpack.runtime.waits import process_group_timeout
@@ -117,7 +117,7 @@ class Trainer:
     def check(self, argv: list[str]) -> None:
         """Refuse what cannot run, before the process group or any work starts."""
         par, model = self.config.parallel, self.config.model
-        ops = "transformers" if self.options.hf_config is not None else "slimpack"
+        ops = layer_ops(self.options.hf_config)
         if self.config.train.layer_ops != ops:
             raise UserError(f"the runtime runs {ops} layers here, but the config's layer_ops is "
                             f"{self.config.train.layer_ops!r}: its memory model would be for other layers")
