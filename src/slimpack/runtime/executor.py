@@ -206,6 +206,8 @@ class StageExecutor:
         self.forward_groups, self.backward_groups = self.layout.forward, self.layout.backward
         self.lengths = self.layout.lengths
         self._index = _cell_indices(self.layout, self.device)
+        # per forward group, the order its cells run each layer in (a plan property: found once)
+        self._cell_orders = {g: _attention_order(specs, name) for g, specs in self.layout.cells.items()}
         self.num_loss_tokens = (num_loss_tokens if num_loss_tokens is not None
                                 else count_loss_tokens(self.lengths[s] for s in self.layout.by_sample))
         self._forwarded: set[Slice] = set()
@@ -256,7 +258,7 @@ class StageExecutor:
                              f"({num_tokens}, {self.stage.config.hidden}), got {got}")
         specs = self.layout.cells[group]
         with self._recording(), torch.enable_grad():
-            states, outputs = self._forward_cells(specs, inputs)
+            states, outputs = self._forward_cells(specs, inputs, self._cell_orders[group])
         self._forwarded |= members
         for state in states:
             self._live[state.spec.key] = state
@@ -272,8 +274,8 @@ class StageExecutor:
         hooks = (self.tracker.pack, self.tracker.unpack) if self.tracker is not None else (_same, _same)
         return torch.autograd.graph.saved_tensors_hooks(*regather_hooks(*hooks))
 
-    def _forward_cells(self, specs: list[CellSpec],
-                       inputs: torch.Tensor | None) -> tuple[list[_CellState], list[torch.Tensor]]:
+    def _forward_cells(self, specs: list[CellSpec], inputs: torch.Tensor | None,
+                       order: list[int]) -> tuple[list[_CellState], list[torch.Tensor]]:
         xs: list[torch.Tensor] = []
         tables = []
         leaves: list[torch.Tensor | None] = []
@@ -294,7 +296,6 @@ class StageExecutor:
         states = [_CellState(spec=spec, x_te=leaf)
                   for spec, leaf in zip(specs, leaves, strict=True)]
         xs = [shard_sequence(x, self.stage) for x in xs]
-        order = _attention_order(specs, self.name)
         for layer_index in range(len(self.stage.layers)):
             for i in order:
                 attend = self._attention(states[i], layer_index, gathers[i])
