@@ -114,6 +114,33 @@ def test_phase1_balances_cost_and_merges_outliers():
     assert plan_merges([1.0, 1.0, 1.0], 4, merge_share=0.5, min_ways=[1, 3, 1]) == [(1, 3)]
 
 
+
+def test_memory_bound_outliers_beyond_the_replicas_share_merged_pipelines():
+    # three samples that each need 2 replicas, on 4 replicas: two get a merged pair of their own,
+    # the third cannot, and shares one of the pairs instead of going to a single replica (OOM)
+    costs = [5.0, 5.0, 5.0] + [1.0] * 20
+    min_ways = [2, 2, 2] + [1] * 20
+    merges = plan_merges(costs, 4, merge_share=10.0, min_ways=min_ways)
+    assert merges == [(0, 2), (1, 2)]
+    bins = balance(costs, 4, merges, min_ways=min_ways)
+    assert [len(b.replicas) for b in bins] == [2, 2]
+    assert 2 in bins[0].items or 2 in bins[1].items
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs=st.lists(st.floats(0.1, 50.0), min_size=2, max_size=40), dp=st.integers(2, 8),
+       needs=st.lists(st.sampled_from((1, 1, 1, 2, 3)), min_size=40, max_size=40),
+       share=st.sampled_from((None, 0.5, 1.0, 2.0)))
+def test_balance_puts_every_item_on_a_pipeline_wide_enough_for_it(costs, dp, needs, share):
+    min_ways = [min(n, dp) for n in needs[:len(costs)]]
+    merges = plan_merges(costs, dp, merge_share=share, min_ways=min_ways) if share else []
+    bins = balance(costs, dp, merges, min_ways=min_ways)
+    assert sorted(i for b in bins for i in b.items) == list(range(len(costs)))
+    widest = max(len(b.replicas) for b in bins)
+    for b in bins:
+        for item in b.items:
+            assert len(b.replicas) >= min(min_ways[item], widest)
+
 def test_dp_merge_runs_an_outlier_with_context_parallelism():
     config = _config(pp=2, dp=4, context=131072)
     batch = [Sample(id=0, length=131072)] + [Sample(id=i, length=2048) for i in range(1, 120)]

@@ -5,7 +5,9 @@ Replicas may get different numbers of samples; what is balanced is the total (fo
 cost, so that every replica reaches the gradient all-reduce together. An outlier whose cost exceeds
 ``merge_share`` of one replica's share of the batch (or whose activations cannot fit one pipeline)
 is given to k merged replicas, which then run it with k-fold context parallelism and get k shares of
-the rest of the batch.
+the rest of the batch. When there are more memory-bound outliers than replicas to merge for each,
+the rest share merged pipelines wide enough to hold them (one at a time: the schedule's memory cap
+keeps a pipeline to what it can hold).
 Must not import torch.
 """
 
@@ -29,7 +31,9 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
                 min_ways: Sequence[int]) -> list[tuple[int, int]]:
     """(item, k) for each outlier to run on k merged replicas, heaviest first. ``min_ways[i]`` is the
     fewest replicas item i needs for memory (1 when one pipeline holds it); ``merge_share=None``
-    turns DP-Merge off (memory-bound items then stay on one replica and will be reported OOM)."""
+    turns DP-Merge off (memory-bound items then stay on one replica and will be reported OOM). A
+memory-bound item left without replicas of its own is placed by ``balance`` on a merged pipeline
+that is wide enough."""
     if merge_share is None or dp == 1:
         return []
     share = sum(costs) / dp
@@ -38,25 +42,26 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     # memory-bound items first (they cannot run otherwise), then outliers by cost
     by_need = sorted(range(len(costs)), key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
     for item in by_need:
-        ways = max(min_ways[item], math.ceil(costs[item] / (merge_share * share)))
-        ways = min(ways, dp - used)
+        if min_ways[item] > dp - used:
+            continue  # too few replicas left for it: ``balance`` puts it on a wide enough merged pipeline
+        ways = min(max(min_ways[item], math.ceil(costs[item] / (merge_share * share))), dp - used)
         if ways <= 1:
-            if min_ways[item] > 1:
-                continue  # no replicas left for it: it stays on one and the simulator reports OOM
-            break  # sorted by cost: no later item is an outlier
+            break  # memory-bound items came first, the rest by cost: no later item is an outlier
         merges.append((item, ways))
         used += ways
     return merges
 
 
 def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], *,
-            merged_speed: float = 1.0) -> list[Bin]:
+            merged_speed: float = 1.0, min_ways: Sequence[int] | None = None) -> list[Bin]:
     """Pipelines (merged groups first, then single replicas) and the items each runs. Items go
     heaviest first to the pipeline whose load per unit of speed is lowest (LPT on uniform
     machines, Graham 1969), then single items move from the most to the least loaded pipeline
     while that lowers the maximum. A pipeline of k merged replicas counts as ``k * merged_speed``
     replicas' speed: context parallelism and the outlier's chain make it slower than k replicas,
-    and the planner measures by how much (so the merged pipeline ends with the others)."""
+    and the planner measures by how much (so the merged pipeline ends with the others). Item i
+    goes only to pipelines of at least ``min_ways[i]`` replicas while one exists (otherwise to the
+    widest, where the simulator will report it out of memory)."""
     replicas = iter(range(dp))
     bins_replicas: list[tuple[int, ...]] = []
     members: list[list[int]] = []
@@ -71,6 +76,8 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
         loads.append(0.0)
     width = [len(r) * (merged_speed if len(r) > 1 else 1.0) for r in bins_replicas]
     merged = {i for i, _ in merges}
+    widest = max(map(len, bins_replicas))
+    need = [min(min_ways[i] if min_ways else 1, widest) for i in range(len(costs))]
     # one heap of (load, bin) per pipeline width: the best bin for an item is the best heap top
     heaps: dict[float, list[tuple[float, int]]] = {}
     for b, w in enumerate(width):
@@ -78,18 +85,20 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     for heap in heaps.values():
         heapq.heapify(heap)
     for item in sorted((i for i in range(len(costs)) if i not in merged), key=lambda i: (-costs[i], i)):
-        w = min(heaps, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
+        wide_enough = [w for w in heaps if len(bins_replicas[heaps[w][0][1]]) >= need[item]]
+        w = min(wide_enough, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
         load, target = heapq.heappop(heaps[w])
         members[target].append(item)
         loads[target] = load + costs[item]
         heapq.heappush(heaps[w], (loads[target], target))
-    _improve(costs, members, loads, width, merged)
+    _improve(costs, members, loads, width, merged, need, [len(r) for r in bins_replicas])
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 
 
 def _improve(costs: Sequence[float], members: list[list[int]], loads: list[float], width: list[float],
-             pinned: set[int], rounds: int = 200) -> None:
-    """Move one item from the most loaded pipeline to the least loaded one while it helps."""
+             pinned: set[int], need: Sequence[int], replicas: Sequence[int], rounds: int = 200) -> None:
+    """Move one item from the most loaded pipeline to the least loaded one while it helps (and the
+    least loaded one has the replicas the item needs)."""
     for _ in range(rounds):
         per = [load / w for load, w in zip(loads, width, strict=True)]
         hi = max(range(len(per)), key=lambda b: (per[b], -b))
@@ -97,7 +106,7 @@ def _improve(costs: Sequence[float], members: list[list[int]], loads: list[float
         gap = per[hi] - per[lo]
         best, best_max = None, per[hi]
         for item in members[hi]:
-            if item in pinned:
+            if item in pinned or need[item] > replicas[lo]:
                 continue
             new_hi = (loads[hi] - costs[item]) / width[hi]
             new_lo = (loads[lo] + costs[item]) / width[lo]

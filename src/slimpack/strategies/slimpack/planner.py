@@ -281,8 +281,9 @@ class SlimPackPlanner:
             evaluate({best._replace(slicing=False, backward=SYMMETRIC)})
         return scores
 
-    def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], samples: Sequence[Sample],
-                       bins: Sequence[Bin], shape: Shape) -> list[tuple[dict[Shape, Score], list[Bin], float]]:
+    def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], min_ways: Sequence[int],
+                       samples: Sequence[Sample], bins: Sequence[Bin], shape: Shape
+                       ) -> list[tuple[dict[Shape, Score], list[Bin], float]]:
         """DP-Merge that ends with everyone: phase 1 first counts k merged replicas as k replicas'
         speed; the merged pipeline then simulates slower (context parallelism, the outlier's
         chain), so its speed is corrected by the simulated ratio of step times and the batch
@@ -300,7 +301,7 @@ class SlimPackPlanner:
             if abs(merged_s - single_s) <= MERGE_FINISH_TOLERANCE * single_s:
                 break
             speed *= single_s / merged_s
-            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speed)
+            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speed, min_ways=min_ways)
             out.append(({shape: self._score(self._scored_bins(bins, samples), samples, shape)}, bins, speed))
         return out
 
@@ -334,7 +335,7 @@ class SlimPackPlanner:
         seed = self._seed if step % FULL_SEARCH_EVERY else None
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
-            bins = balance(loads, par.dp, merges)
+            bins = balance(loads, par.dp, merges, min_ways=min_ways)
             layout = tuple((b.replicas, b.items) for b in bins)
             if layout in layouts:
                 continue  # this threshold merges nothing new
@@ -344,7 +345,7 @@ class SlimPackPlanner:
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
             candidates = [(scores, bins, 1.0)]
             if merges:
-                candidates += self._merged_speeds(loads, merges, samples, bins, shape)
+                candidates += self._merged_speeds(loads, merges, min_ways, samples, bins, shape)
                 tried += len(candidates) - 1
             for scored, layout_bins, speed in candidates:
                 if best is None or rank(scored[shape]) < rank(best[0]):
