@@ -185,6 +185,27 @@ def summarize(cells: list[dict], names: tuple[str, ...] = BASELINES) -> dict:
     }
 
 
+def behind_by_less_work(cells: list[dict]) -> tuple[list[int], list[int]]:
+    """The cells where SlimPack is below the best baseline, split by whether that baseline did less
+    forward and backward compute (device-seconds) on the same tokens than SlimPack: (less, not less).
+    A baseline that cuts documents at sequence boundaries wins that way: it trains less attention."""
+    less, not_less = [], []
+    for cell in cells:
+        best = _best_fitting(cell, BASELINES)
+        slim = cell["strategies"]["slimpack"]
+        if not best or not _slimpack_ok(cell) or slim["tokens_per_s"] >= best[1] or "work_s" not in slim:
+            continue
+        winner = cell["strategies"][best[0]]
+        (less if winner["work_s"] < slim["work_s"] else not_less).append(cell["index"])
+    return less, not_less
+
+
+def _work_ratio(cell: dict, name: str) -> float | None:
+    """``name``'s compute device-seconds over SlimPack's (None when not recorded)."""
+    slim, other = cell["strategies"]["slimpack"], cell["strategies"][name]
+    return other["work_s"] / slim["work_s"] if slim.get("work_s") and "work_s" in other else None
+
+
 def report(cells: list[dict], command: str) -> str:
     lines = [
         "# Stress sweep: SlimPack against every baseline over random regimes (issue 12)", "",
@@ -208,13 +229,18 @@ def report(cells: list[dict], command: str) -> str:
             f"({s['at_least_best_baseline'] / max(1, s['compared']):.1%}); below 0.97x: {len(s['below_0.97'])} "
             f"{s['below_0.97'] or ''}",
             f"- SlimPack / best tokens/s: min {_fmt(s['ratio_min'])}, median {_fmt(s['ratio_median'])}", ""]
+    less, not_less = behind_by_less_work(cells)
+    lines += [
+        f"Where SlimPack is below the best baseline ({len(less) + len(not_less)} cells), that baseline did less "
+        f"forward and backward compute than SlimPack on the same tokens in {len(less)} {less or ''} (it cut "
+        f"documents, so it trained less attention) and as much or more in {len(not_less)} {not_less or ''}.", ""]
     s = summarize(cells)
     lines += [
         f"SlimPack's step / the layout's lower bound (see the docstring): median "
         f"{_fmt(s['step_over_lower_bound_median'])}, worst 5% from {_fmt(s['step_over_lower_bound_p5_worst'])}", "",
         "| # | dataset | model | ctx | tok/GPU | tp pp vpp cp dp | recompute | slimpack tok/s | won by | best baseline | "
-        "ratio | best whole-doc | ratio | step / bound |",
-        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---|---:|---:|"]
+        "ratio | its work / SlimPack's | best whole-doc | ratio | step / bound |",
+        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---:|---|---:|---:|"]
     for cell in sorted(cells, key=lambda c: c["index"]):
         slim = cell["strategies"]["slimpack"]
         slim_text = "OOM" if slim["oom"] else ("failed" if slim["failed"] else f"{slim['tokens_per_s']:,.0f}")
@@ -223,6 +249,8 @@ def report(cells: list[dict], command: str) -> str:
             best = _best_fitting(cell, names)
             columns.append(f"{best[0]} {best[1]:,.0f}" if best else "none fits")
             columns.append(_fmt(slim["tokens_per_s"] / best[1] if best and _slimpack_ok(cell) else None))
+            if names is BASELINES:
+                columns.append(_fmt(_work_ratio(cell, best[0]) if best and _slimpack_ok(cell) else None))
         bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
         lines.append(
             f"| {cell['index']}{'*' if cell.get('slimpack_rerun') else ''} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "

@@ -85,6 +85,31 @@ def test_cuts_respect_the_minimum_slice_and_alignment():
     assert best_cut(Slice(0, 0, 10000), 5000.0, lambda c, p: float(c), CutRules(False, 1024, 128)) is None
 
 
+
+def test_a_new_sample_is_not_cut_where_it_would_link_chains_past_the_cap():
+    tokens = lambda c, p: 1.0 * c  # noqa: E731 (vectorised by total_cost)
+    pieces = [Slice(0, 0, 15), Slice(1, 0, 15)]
+    # budgets of 10: sample 0 is cut at 10; the next group holds its last slice and, uncapped,
+    # the first slice of sample 1 (linking the two chains: 30 tokens held at once)
+    assert cut_into_groups(pieces, 3, tokens, CutRules(True, 1, 1)) == [
+        [Slice(0, 0, 10)], [Slice(0, 10, 15), Slice(1, 0, 5)], [Slice(1, 5, 15)]]
+    # capped at 20 tokens, the group closes instead (closer to its budget than taking sample 1 whole)
+    assert cut_into_groups(pieces, 3, tokens, CutRules(True, 1, 1, max_linked_tokens=20)) == [
+        [Slice(0, 0, 10)], [Slice(0, 10, 15)], [Slice(1, 0, 15)]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=30), num_groups=st.integers(1, 20))
+def test_without_room_to_link_no_group_joins_two_cut_samples(lengths, num_groups):
+    pieces = [Slice(i, 0, n) for i, n in enumerate(lengths)]
+    groups = cut_into_groups(pieces, num_groups, lambda c, p: c + 1e-4 * c * (p + c / 2),
+                             CutRules(True, 64, 16, max_linked_tokens=0))
+    cut = {s.sample_id for g in groups for s in g if s.tokens < lengths[s.sample_id]}
+    for group in groups:
+        ends = {s.sample_id for s in group if s.sample_id in cut and s.end == lengths[s.sample_id] and s.start > 0}
+        starts = {s.sample_id for s in group if s.sample_id in cut and s.start == 0}
+        assert not (ends and starts - ends), group
+
 def test_backward_sequence_reverses_each_sample_in_place():
     fwd = [[Slice(0, 0, 10)], [Slice(0, 10, 20), Slice(1, 0, 5)], [Slice(1, 5, 9), Slice(2, 0, 3)]]
     assert backward_sequence(fwd) == [Slice(0, 10, 20), Slice(0, 0, 10), Slice(1, 5, 9), Slice(1, 0, 5), Slice(2, 0, 3)]

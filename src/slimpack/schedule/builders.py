@@ -52,6 +52,13 @@ def backward_needs(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seq
     return need
 
 
+def chain_lookahead(need: Sequence[int]) -> int:
+    """The look-ahead with which ``dependency_aware`` never holds a backward for its chain: the most
+    forwards that a backward needs beyond 1F1B's (backward i needs ``need[i]``, 1F1B has run i + 1).
+    SlimPipe's slice-level 1F1B runs a sequence's slices ahead for the same reason."""
+    return max(0, max((n - i - 1 for i, n in enumerate(need)), default=0))
+
+
 def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahead: int = 0,
                      forward_tokens: Sequence[float] | None = None,
                      backward_tokens: Sequence[float] | None = None,

@@ -11,6 +11,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,11 @@ class CutRules:
     """Shortest piece a cut may leave on either side."""
     align: int
     """Cut positions are multiples of this (within the sample)."""
+    max_linked_tokens: float = math.inf
+    """The most tokens a run of groups linked by cut samples may hold. A group holding the last
+    slice of one cut sample and the first of another links their chains: the backward of every
+    group in the run waits for the forward of the run's last group, so a stage holds all of the
+    run's activations at once. A new sample is not cut where that would pass this."""
 
 
 def best_cut(piece: Slice, need: float, cost: SliceCost, rules: CutRules, *, from_end: bool = False) -> int | None:
@@ -91,6 +97,8 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
     # what the groups still to form should cost together (estimated from whole pieces in pass 1)
     remaining = total_cost(queue, cost) if total is None else total
     groups: list[list[Slice]] = []
+    cut_samples: set[int] = set()
+    linked = 0  # tokens of the run of linked groups the current group continues (0: it starts one)
     for g in range(num_groups):
         if not queue:
             break
@@ -100,10 +108,12 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
         budget = remaining / (num_groups - g)
         group: list[Slice] = []
         filled = 0.0
+        chain_end = False  # the group holds the last slice of a cut sample
         while queue:
             piece = queue[-1]
             whole = cost(piece.end - piece.start, piece.start)
             if filled + whole <= budget:
+                chain_end |= piece.sample_id in cut_samples
                 group.append(queue.pop())
                 filled += whole
                 remaining -= whole
@@ -112,7 +122,10 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
             # whichever leaves the group closest to its budget (ties: no cut)
             leave_gap = budget - filled if group else float("inf")
             take_gap = filled + whole - budget
-            t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
+            links = chain_end and piece.sample_id not in cut_samples
+            held = linked + sum(s.tokens for s in group) + piece.tokens
+            t = None if links and held > rules.max_linked_tokens else best_cut(
+                piece, budget - filled, cost, rules, from_end=from_end)
             cut_gap = float("inf")
             if t is not None:
                 head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
@@ -120,11 +133,14 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
                 cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
             if cut_gap < min(leave_gap, take_gap):
                 queue[-1] = kept
+                cut_samples.add(piece.sample_id)
                 group.append(taken)
                 remaining -= cost(taken.tokens, taken.start)
             elif take_gap < leave_gap:
                 group.append(queue.pop())
                 remaining -= whole
             break
+        ends_cut = bool(queue) and group[-1].sample_id == queue[-1].sample_id
+        linked = linked + sum(s.tokens for s in group) if ends_cut else 0
         groups.append(group)
     return groups

@@ -20,6 +20,7 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,12 @@ from typing import Any
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
-from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
+from slimpack.schedule.builders import (
+    backward_needs,
+    chain_lookahead,
+    dependency_aware,
+    interleaved_1f1b,
+)
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import simulate
 from slimpack.strategies.slimpack.candidates import safest_plan
@@ -44,7 +50,8 @@ GROUPS_PER_STAGE = (2, 4, 8, 16, 32)
 MERGE_SHARES = (None, 1.0, 0.5)
 """DP-Merge thresholds tried: an outlier costing more than this share of a replica's work merges."""
 LOOKAHEADS = (0, 2)
-"""Extra forwards a stage may run ahead of 1F1B (memory permitting)."""
+"""Extra forwards a stage may run ahead of 1F1B (memory permitting); the search adds the look-ahead
+that the best shape's longest chain of sliced samples asks for (``_chain_lookahead``)."""
 HEAVY_HEAD = 0.05
 """Try balancing for the last stage when the LM head adds more than this to its per-token work."""
 SCORE_PIPELINES = 2
@@ -113,6 +120,13 @@ class SlimPackPlanner:
                                           largest_group_tokens=self.config.train.max_context))
                 for k in range(1, par.dp + 1)]
 
+    @functools.cache  # noqa: B019 (one planner per config; cp takes a few values)
+    def _linked_cap(self, cp: int) -> float:
+        """The most tokens a run of groups linked by cut samples may hold (``CutRules``): what
+        every stage can keep at once beside a context-length group's working set."""
+        return max(0.0, min(activation_cap_tokens(self.config, self.cost, cp=cp,
+                                                  largest_group_tokens=self.config.train.max_context)))
+
     def _head_is_heavy(self) -> bool:
         """Whether the LM head adds more than 5% to the last stage's per-token work."""
         per_token = self.cost.slice_cost(1.0, 0.0, backward=False)
@@ -178,7 +192,8 @@ class SlimPackPlanner:
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
         pieces = [Slice(s.id, 0, s.length) for s in members]
-        rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
+        rules = dataclasses.replace(self.rules, max_linked_tokens=self._linked_cap(cp)) if shape.slicing \
+            else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
         forward = cut_into_groups(pieces, shape.num_groups, forward_cost, rules)
         if milp is not None:
@@ -240,6 +255,11 @@ class SlimPackPlanner:
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
         return [bins[b] for b in sorted(picked)]
 
+    def _chain_lookahead(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> int:
+        """The look-ahead that keeps ``shape``'s pipelines full across their longest chain."""
+        return max(chain_lookahead(backward_needs(pipe.forward, pipe.backward))
+                   for pipe in (self._memo_pipeline(b, samples, shape) for b in bins))
+
     def _search(self, bins: Sequence[Bin], samples: Sequence[Sample], seed: Shape | None) -> dict[Shape, Score]:
         """Every candidate scored for these bins: a coarse sweep of K with asymmetric and symmetric
         backward groups, then the best K's neighbours, the bounded asymmetry, the look-aheads, the
@@ -259,7 +279,12 @@ class SlimPackPlanner:
 
         knobs = self.config.planner
         # the look-ahead is a knob of the dependency-aware 1F1B; the interleaved orders have none
-        lookaheads = LOOKAHEADS if knobs.use_lookahead and self.config.parallel.virtual_stages == 1 else (0,)
+        with_lookahead = knobs.use_lookahead and self.config.parallel.virtual_stages == 1
+
+        def lookaheads(best: Shape) -> set[int]:
+            if not with_lookahead:
+                return {0}
+            return {*LOOKAHEADS, self._chain_lookahead(scored_bins, samples, best)}
         modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
         if seed is not None:
             best = evaluate({seed._replace(num_groups=max(1, min(limit, round(seed.num_groups * f))))
@@ -268,13 +293,13 @@ class SlimPackPlanner:
             if knobs.use_slicing:
                 others.add(best._replace(slicing=not best.slicing, backward=SYMMETRIC if best.slicing else ASYMMETRIC))
             best = evaluate(others)
-            evaluate({best._replace(lookahead=la) for la in lookaheads})
+            evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
             return scores
         best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
             best = evaluate({best, best._replace(backward=BOUNDED)})
-        best = evaluate({best._replace(lookahead=la) for la in lookaheads})
+        best = evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
         if knobs.use_slicing:
