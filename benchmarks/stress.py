@@ -12,6 +12,7 @@ forward and the drain after its last backward (the first forward and the last ba
 stages before it) and the gradient sync and optimizer step after it.
 
     python benchmarks/stress.py --cells 200 --part 0/2       # resumable, in parts; cells in docs/stress/
+    python benchmarks/stress.py --cells 200 --rerun-slimpack # SlimPack again at this commit (after planner work)
     python benchmarks/stress.py --cells 200 --report         # -> docs/stress.md
 """
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,12 +137,17 @@ def run_cell(cell: dict) -> dict:
     return out
 
 
-def rerun_slimpack(cell: dict) -> dict:
+def rerun_slimpack(cell: dict, commit: str) -> dict:
     """The cell with SlimPack planned again by this checkout (the baselines' records kept)."""
     config = cell_config(cell)
     cell["strategies"]["slimpack"] = run_strategy_in_cell("slimpack", config, load_dataset(cell["dataset"]))
-    cell["slimpack_rerun"] = True
+    cell["slimpack_commit"] = commit
     return cell
+
+
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False).stdout.strip() or "unknown"
 
 
 def _best_fitting(cell: dict, names: tuple[str, ...]) -> tuple[str, float] | None:
@@ -212,10 +219,10 @@ def report(cells: list[dict], command: str) -> str:
         "Simulated with the default (uncalibrated) H100 cost model, one step per cell, every strategy on the "
         "same batch. Cells are drawn by `benchmarks/stress.py` (see its docstring for the ranges).", "",
         f"Reproduce: `{command}` (then `--report`).", ""]
-    rerun = sorted(c["index"] for c in cells if c.get("slimpack_rerun"))
-    if rerun:
-        lines += [f"SlimPack was planned again by a later checkout (`--rerun-behind`) in {len(rerun)} cells where it "
-                  f"was behind the best baseline, marked * below: {rerun}.", ""]
+    commits = sorted({c.get("commit", "?") for c in cells})
+    slimpack_commits = sorted({c.get("slimpack_commit", c.get("commit", "?")) for c in cells})
+    lines += [f"Every strategy ran at commit(s) {', '.join(commits)}; SlimPack's records were then planned again "
+              f"(`--rerun-slimpack`) at {', '.join(slimpack_commits)}.", ""]
     for title, names in (("every baseline", BASELINES),
                          ("the baselines that train whole documents (bfd, kk, wlb, bytescale)", WHOLE_DOCUMENT)):
         s = summarize(cells, names)
@@ -253,7 +260,7 @@ def report(cells: list[dict], command: str) -> str:
                 columns.append(_fmt(_work_ratio(cell, best[0]) if best and _slimpack_ok(cell) else None))
         bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
         lines.append(
-            f"| {cell['index']}{'*' if cell.get('slimpack_rerun') else ''} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "
+            f"| {cell['index']} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "
             f"{cell['tokens_per_gpu'] // 1024}K | {cell['tp']} {cell['pp']} {cell['vpp']} {cell['cp']} {cell['dp']} | "
             f"{cell['recompute']} | {slim_text} | {slim.get('candidate') or '-'} | {' | '.join(columns)} | "
             f"{_fmt(bound)} |")
@@ -272,9 +279,9 @@ def main() -> int:
     parser.add_argument("--out", default="docs/stress", help="folder of per-cell JSON results (resumable; kept in the repo)")
     parser.add_argument("--report", action="store_true", help="write docs/stress.md from the results so far")
     parser.add_argument("--doc", default="docs/stress.md")
-    parser.add_argument("--rerun-behind", action="store_true",
-                        help="plan SlimPack again (this checkout) in the finished cells where it is below the best "
-                             "baseline or failed, keeping the baselines' records")
+    parser.add_argument("--rerun-slimpack", action="store_true",
+                        help="plan SlimPack again (this checkout) in every finished cell of this part planned by another "
+                             "commit, keeping the baselines' records")
     args = parser.parse_args()
     try:
         part, parts = (int(x) for x in args.part.split("/"))
@@ -293,27 +300,27 @@ def main() -> int:
                          indent=1))
         return 0
     mine = [i for i in range(args.cells) if i % parts == part]
-    if args.rerun_behind:
+    if args.rerun_slimpack:
+        commit = head_commit()
         for index in mine:
             path = out / f"cell-{index:04d}.json"
             if not path.exists():
                 continue
             cell = json.loads(path.read_text())
-            best = _best_fitting(cell, BASELINES)
-            slim = cell["strategies"]["slimpack"]
-            if cell.get("slimpack_rerun") or not best or (_slimpack_ok(cell) and slim["tokens_per_s"] >= best[1]):
+            if cell.get("slimpack_commit") == commit:
                 continue
-            cell = rerun_slimpack(cell)
+            before = cell["strategies"]["slimpack"]["tokens_per_s"]
+            cell = rerun_slimpack(cell, commit)
             path.write_text(json.dumps(cell))
-            print(f"cell {index}: slimpack {slim['tokens_per_s']:,.0f} -> "
-                  f"{cell['strategies']['slimpack']['tokens_per_s']:,.0f} tok/s (best baseline {best[1]:,.0f})", flush=True)
+            print(f"cell {index}: slimpack {before:,.0f} -> {cell['strategies']['slimpack']['tokens_per_s']:,.0f} tok/s",
+                  flush=True)
         return 0
     for n, index in enumerate(mine, 1):
         path = out / f"cell-{index:04d}.json"
         if path.exists():
             continue
         cell = draw_cell(args.seed, index)
-        result = run_cell(cell)
+        result = run_cell(cell) | {"commit": head_commit()}
         path.write_text(json.dumps(result))
         slim = result["strategies"]["slimpack"]
         print(f"[{n}/{len(mine)}] cell {index}: {cell['model']} {cell['context'] // 1024}K "
