@@ -284,7 +284,10 @@ class SlimPackPlanner:
         def lookaheads(best: Shape) -> set[int]:
             if not with_lookahead:
                 return {0}
-            return {*LOOKAHEADS, self._chain_lookahead(scored_bins, samples, best)}
+            # a chain's look-ahead only where it is longer than those tried anyway: a new value
+            # changes which shape the later steps of this greedy search start from
+            chain = self._chain_lookahead(scored_bins, samples, best)
+            return {*LOOKAHEADS, chain} if chain > max(LOOKAHEADS) else set(LOOKAHEADS)
         modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
         if seed is not None:
             best = evaluate({seed._replace(num_groups=max(1, min(limit, round(seed.num_groups * f))))
@@ -302,8 +305,9 @@ class SlimPackPlanner:
         best = evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
-        if knobs.use_slicing:
-            evaluate({best._replace(slicing=False, backward=SYMMETRIC)})
+        if knobs.use_slicing:  # whole samples form no chains: a chain's look-ahead becomes the plain ones
+            plain = {best.lookahead} if best.lookahead in LOOKAHEADS else set(LOOKAHEADS)
+            evaluate({best._replace(slicing=False, backward=SYMMETRIC, lookahead=la) for la in plain})
         return scores
 
     def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], min_ways: Sequence[int],
