@@ -180,6 +180,21 @@ def test_dp_merge_runs_an_outlier_with_context_parallelism():
     assert simulate(plan).step_time_s < simulate(plan_off).step_time_s
 
 
+
+def test_more_memory_bound_outliers_than_merged_pipelines_still_fit():
+    # tp2 pp2, no recomputation: one pipeline holds about 58K tokens of a sample, three merged
+    # replicas about 145K. Five 128K samples on four replicas: one gets three replicas of its own,
+    # the others cannot, and share that merged pipeline instead of overflowing the single replica
+    # (where balancing by cost alone would put the fourth)
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=4),
+                          train=TrainConfig(max_context=131072, global_batch_tokens=1 << 20, recompute="none"))
+    batch = [Sample(id=i, length=131072) for i in range(5)] + [Sample(id=i, length=4096) for i in range(5, 60)]
+    plan = make_planner("slimpack", config).plan(batch, step=0)
+    check_plan(plan)
+    assert not simulate(plan).oom
+    holding = {s.sample_id: p for p in plan.pipelines for g in p.forward for s in g}
+    assert all(len(holding[i].replicas) == 3 for i in range(5))
+
 def test_asymmetric_backward_groups_are_balanced_on_backward_cost():
     config = _config(pp=4, dp=1, context=65536, use_milp=False)
     batch = [Sample(id=0, length=65536)] + [Sample(id=i, length=1500 + 37 * i) for i in range(1, 200)]
