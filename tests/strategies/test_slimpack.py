@@ -16,6 +16,8 @@ from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_gr
 from slimpack.strategies.slimpack.groups import backward_sequence, formations, symmetric_backward
 from slimpack.strategies.slimpack.milp import rebalance
 from slimpack.strategies.slimpack.phase1 import balance, plan_merges
+from slimpack.strategies.slimpack.planner import SlimPackPlanner
+from slimpack.strategies.slimpack.shape import SYMMETRIC, Shape
 
 
 def _config(pp=2, dp=2, context=32768, **planner):
@@ -194,6 +196,21 @@ def test_more_memory_bound_outliers_than_merged_pipelines_still_fit():
     assert not simulate(plan).oom
     holding = {s.sample_id: p for p in plan.pipelines for g in p.forward for s in g}
     assert all(len(holding[i].replicas) == 3 for i in range(5))
+
+
+def test_a_pipeline_slower_than_its_shapes_score_is_rebuilt_with_another_shape():
+    config = _config(pp=2, dp=2, context=32768)
+    planner = SlimPackPlanner(config)
+    batch = [Sample(id=i, length=n) for i, n in enumerate([30000, 20000, 9000, 7000] + [1500] * 40)]
+    bins = balance([float(s.length) for s in batch], 2, [])
+    good = Shape(num_groups=8, backward=SYMMETRIC, slicing=True)
+    slow = Shape(num_groups=1, backward=SYMMETRIC, slicing=False)  # one group: no pipelining at all
+    pipes = [planner._memo_pipeline(bins[0], batch, good), planner._memo_pipeline(bins[1], batch, slow)]
+    times = [planner._simulate([(b, p)], batch)[1] for b, p in zip(bins, pipes, strict=True)]
+    assert times[1] > 1.3 * times[0]
+    out, changed = planner._reshape_slow(bins, pipes, batch, [slow, good], expected_s=times[0])
+    assert changed == 1 and out[0] is pipes[0]  # within its score: kept as is
+    assert planner._simulate([(bins[1], out[1])], batch)[1] < times[1]
 
 def test_asymmetric_backward_groups_are_balanced_on_backward_cost():
     config = _config(pp=4, dp=1, context=65536, use_milp=False)

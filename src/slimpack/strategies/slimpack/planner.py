@@ -60,6 +60,12 @@ longest sample, for memory)."""
 FULL_SEARCH_EVERY = 8
 """Steps whose number is a multiple of this run the full candidate search; the others search
 around the previous step's winner (about a third of the candidates)."""
+SLOW_PIPELINE = 0.02
+"""A final pipeline simulating this much slower than its shape's score is tried with other shapes."""
+RESHAPES = 3
+"""How many of the next ranked shapes such a pipeline tries."""
+LOOKAHEAD_LEADERS = 3
+"""How many of the best shapes before the look-ahead step try the look-aheads."""
 MERGE_REBALANCES = 3
 """Times a DP-Merged pipeline's share of the batch is corrected by its simulated finish time."""
 MERGE_FINISH_TOLERANCE = 0.02
@@ -302,7 +308,10 @@ class SlimPackPlanner:
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
             best = evaluate({best, best._replace(backward=BOUNDED)})
-        best = evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
+        # the look-ahead and K interact (a finer K can lose without look-ahead and win with it):
+        # the few best shapes so far each try the look-aheads
+        leaders = sorted(scores, key=lambda c: (rank(scores[c]), c))[:LOOKAHEAD_LEADERS]
+        best = evaluate({s._replace(lookahead=la) for s in leaders for la in lookaheads(s)})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
         if knobs.use_slicing:  # whole samples form no chains: a chain's look-ahead becomes the plain ones
@@ -333,6 +342,26 @@ class SlimPackPlanner:
             bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speed, min_ways=min_ways)
             out.append(({shape: self._score(self._scored_bins(bins, samples), samples, shape)}, bins, speed))
         return out
+
+    def _reshape_slow(self, bins: Sequence[Bin], pipelines: Sequence[PipelinePlan], samples: Sequence[Sample],
+                      ranked: Sequence[Shape], expected_s: float) -> tuple[list[PipelinePlan], int]:
+        """The shape was scored on the pipelines that decide the step (the most loaded, the most
+        tokens, the longest sample), yet another can come out slower: its chains or its memory
+        differ. Each pipeline that simulates more than SLOW_PIPELINE over the score is rebuilt with
+        the next ranked shapes (pipelines need not share a shape) and the fastest that fits stays.
+        Returns the pipelines and how many changed."""
+        out, reshaped = list(pipelines), 0
+        for i, (bin_, pipe) in enumerate(zip(bins, pipelines, strict=True)):
+            best_s = self._simulate([(bin_, pipe)], samples)[1]
+            if best_s <= (1 + SLOW_PIPELINE) * expected_s:
+                continue
+            for other in [s for s in ranked if s != ranked[0]][:RESHAPES]:
+                candidate = self._memo_pipeline(bin_, samples, other)
+                fits_, time_s, _ = self._simulate([(bin_, candidate)], samples)
+                if fits_ and time_s < best_s:
+                    out[i], best_s = candidate, time_s
+            reshaped += out[i] is not pipe
+        return out, reshaped
 
     def _fallbacks(self, shape: Shape, ranked: Sequence[Shape]) -> list[Shape]:
         """Shapes to try, in order, for a pipeline that does not fit with ``shape``: the other
@@ -391,14 +420,16 @@ class SlimPackPlanner:
                 pipe = next((p for p in (self._memo_pipeline(bin_, samples, s) for s in self._fallbacks(shape, ranked))
                              if self._fits(p)), pipe)
                 fallbacks += 1
-            # formations are reported in the plan only (scoring does not need them)
-            pipelines.append(dataclasses.replace(pipe, formations=formations(pipe.forward)))  # type: ignore[arg-type]
+            pipelines.append(pipe)
+        pipelines, reshaped = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1])
+        # formations are reported in the plan only (scoring does not need them)
+        pipelines = [dataclasses.replace(p, formations=formations(p.forward)) for p in pipelines]  # type: ignore[arg-type]
         info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
                 "num_groups": shape.num_groups, "backward": shape.backward,
                 "slicing": shape.slicing, "lookahead": shape.lookahead, "head_weight": shape.head_weight,
                 "merge_share": share, "merged_pipelines": num_merged, "merged_speed": merged_speed,
                 "candidates": tried,
-                "memory_fallback_pipelines": fallbacks,
+                "memory_fallback_pipelines": fallbacks, "reshaped_pipelines": reshaped,
                 "milp": _milp_summary(milp.results if milp else None)}
         whole = [scores[c][1] for c in scores if not c.slicing and scores[c][0]]
         lead = scores[shape][1] / min(whole) if whole and scores[shape][0] else 1.0
