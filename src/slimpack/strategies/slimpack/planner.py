@@ -330,15 +330,14 @@ class SlimPackPlanner:
                     if knobs.use_dp_merge else 1 for s in samples]
         best = None
         tried = 0
-        layouts: set[tuple] = set()
+        tried_merges: list[list[tuple[int, int]]] = []
         seed = self._seed if step % FULL_SEARCH_EVERY else None
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
+            if merges in tried_merges:
+                continue  # this threshold merges nothing new (phase 1 would give the same bins)
+            tried_merges.append(merges)
             bins = balance(loads, par.dp, merges)
-            layout = tuple((b.replicas, b.items) for b in bins)
-            if layout in layouts:
-                continue  # this threshold merges nothing new
-            layouts.add(layout)
             scores = self._search(bins, samples, seed)
             tried += len(scores)
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
