@@ -200,6 +200,35 @@ class _PipelineRun:
                             times_s=tuple(times), live_bytes=tuple(live))
 
 
+def _ready(runs: Sequence[_PipelineRun], pp: int) -> list[float]:
+    """Per stage, when its last pipeline's last backward ends (the gradient all-reduce waits for it)."""
+    return [max((run.device_end[stage] for run in runs), default=0.0) for stage in range(pp)]
+
+
+def _step_end(ready: Sequence[float], cost: CostModel) -> float:
+    """The step's end: the latest stage's gradient all-reduce and optimizer step after ``ready``."""
+    return max((at + cost.grad_sync_time(stage) + cost.optimizer_time(stage) for stage, at in enumerate(ready)),
+               default=0.0)
+
+
+def step_time(plan: Plan, cost: CostModel | None = None, *, give_up_at: float = float("inf")) -> float:
+    """``simulate(plan, check=False).step_time_s``, bit for bit, without the spans and memory. A step
+    that cannot end before ``give_up_at`` may be given up early: the time returned is then at least
+    ``give_up_at`` (a lower bound of the step), after simulating only the pipelines that show it
+    (the most tokens first), which makes ruling out a slower candidate plan cheap."""
+    cost = cost or CostModel(plan.config)
+    pp = plan.config.parallel.pp
+    tokens = [sum(s.tokens for group in pipe.forward for s in group) for pipe in plan.pipelines]
+    heavy_first = sorted(range(len(plan.pipelines)), key=lambda p: (-tokens[p], p))
+    runs: list[_PipelineRun] = []
+    for p in heavy_first:
+        runs.append(_PipelineRun(plan, p, cost))
+        end = _step_end(_ready(runs, pp), cost)  # only grows as pipelines are added
+        if end >= give_up_at:
+            return end
+    return _step_end(_ready(runs, pp), cost)
+
+
 def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
              document_lengths: Sequence[int] | None = None) -> SimResult:
     """Simulate one step of ``plan``. ``check`` runs the plan checker first (the default).
@@ -216,15 +245,14 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
     spans: list[Span] = [span for run in runs for span in run.spans()]
     busy = sum(run.width * sum(run.duration) for run in runs)
     compute_end = max((span.end_s for span in spans), default=0.0)
-    step_time = 0.0
+    ready = _ready(runs, par.pp)
     for stage in range(par.pp):
-        ready = max((run.device_end[stage] for run in runs), default=0.0)
         sync = cost.grad_sync_time(stage)
         optim = cost.optimizer_time(stage)
         for run in runs:
-            spans.append(Span(run.index, stage, "sync", -1, 0, ready, ready + sync, 0))
-            spans.append(Span(run.index, stage, "optim", -1, 0, ready + sync, ready + sync + optim, 0))
-        step_time = max(step_time, ready + sync + optim)
+            spans.append(Span(run.index, stage, "sync", -1, 0, ready[stage], ready[stage] + sync, 0))
+            spans.append(Span(run.index, stage, "optim", -1, 0, ready[stage] + sync, ready[stage] + sync + optim, 0))
+    step_time = _step_end(ready, cost)
     stage_devices = par.pp * par.dp
     work = busy / stage_devices
     run_lengths = np.asarray([s.length for s in plan.trained_samples], dtype=np.float64)

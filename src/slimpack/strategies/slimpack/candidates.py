@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import Plan, Sample
-from slimpack.sim import simulate
+from slimpack.sim import step_time
 from slimpack.strategies.base import cut_to_context, whole
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -90,15 +90,16 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Pl
     return [planner.build(samples, sequences, n, step) for n in planner.candidates if n > 1]
 
 
-def fastest_fitting(plans: Sequence[Plan], cost: CostModel) -> tuple[Plan, float] | None:
+def fastest_fitting(plans: Sequence[Plan], cost: CostModel, *, beat: float = float("inf")) -> tuple[Plan, float] | None:
     """The plan of ``plans`` that fits in memory with the shortest simulated step, and that step's
-    time (the first of equals; None if none fits)."""
+    time (the first of equals; None if none fits). Only plans faster than ``beat`` count: a plan is
+    given up as soon as its simulation shows it cannot beat that or the fastest so far."""
     best: tuple[Plan, float] | None = None
     for plan in plans:
-        if plan_fits(plan, cost):
-            time_s = simulate(plan, cost, check=False).step_time_s
-            if best is None or time_s < best[1]:
-                best = (plan, time_s)
+        bar = beat if best is None else best[1]  # a best so far is faster than ``beat``
+        time_s = step_time(plan, cost, give_up_at=bar)
+        if time_s < bar and plan_fits(plan, cost):
+            best = (plan, time_s)
     return best
 
 
@@ -112,9 +113,11 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
         if len(batch) > CANDIDATES_MAX_SAMPLES or (lead < 1 - CLEAR_LEAD and not tight):
             return plan
+    # a candidate replaces a fitting plan only if it is strictly faster
     found = fastest_fitting([*baseline_plans(batch, plan.step, plan.config),
-                             *sliced_sequence_plans(batch, plan.step, plan.config)], cost)
-    if fitting and (found is None or found[1] >= simulate(plan, cost, check=False).step_time_s):
+                             *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
+                            beat=step_time(plan, cost) if fitting else float("inf"))
+    if fitting and found is None:
         return plan
     if found is None:
         raise no_plan_fits(plan, cost)

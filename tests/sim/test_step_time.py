@@ -1,0 +1,22 @@
+"""``step_time``: the simulator's step time alone, and its early give-up for ruling plans out."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from random_plans import plans
+from slimpack.cost import CostModel
+from slimpack.sim import simulate, step_time
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans(), st.floats(0.0, 2.0))
+def test_step_time_is_the_simulated_step_or_a_bound_past_the_give_up(plan, fraction):
+    cost = CostModel(plan.config)
+    full = simulate(plan, cost, check=False).step_time_s
+    assert step_time(plan, cost) == full  # bit for bit
+    bar = fraction * full
+    early = step_time(plan, cost, give_up_at=bar)
+    if bar > full:
+        assert early == full  # a step faster than the bar is simulated to the end
+    else:
+        assert bar <= early <= full  # given up: a lower bound that already reaches the bar
