@@ -18,8 +18,10 @@ in for what it achieves: every slice of a sequence takes about the same time. Mu
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from itertools import accumulate
 
 import numpy as np
 
@@ -66,14 +68,17 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
         picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
         nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
         cuts = sorted({0, total, *(int(positions[p - 1 if back else p]) for p, back in zip(picks, nearer, strict=True))})
+    offsets = [0, *accumulate(s.tokens for s in sequence)]  # where each document starts in the sequence
     groups: list[Group] = []
     for a, b in zip(cuts, cuts[1:], strict=False):
-        pieces, offset = [], 0
-        for s in sequence:
+        pieces = []
+        k = bisect_right(offsets, a) - 1  # the document chunk [a, b) starts in
+        while k < len(sequence) and offsets[k] < b:
+            s, offset = sequence[k], offsets[k]
             lo, hi = max(a, offset), min(b, offset + s.tokens)
             if lo < hi:
                 pieces.append(Slice(s.sample_id, s.start + lo - offset, s.start + hi - offset))
-            offset += s.tokens
+            k += 1
         groups.append(tuple(pieces))
     return groups
 
