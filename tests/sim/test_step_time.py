@@ -1,11 +1,12 @@
-"""``step_time``: the simulator's step time alone, and its early give-up for ruling plans out."""
+"""``step_time`` and ``step_and_peak``: the simulator's step time (and peak memory) without the rest of its
+result, and ``step_time``'s early give-up for ruling plans out."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from random_plans import plans
 from slimpack.cost import CostModel
-from slimpack.sim import simulate, step_time
+from slimpack.sim import simulate, step_and_peak, step_time
 
 
 @settings(max_examples=60, deadline=None)
@@ -20,3 +21,11 @@ def test_step_time_is_the_simulated_step_or_a_bound_past_the_give_up(plan, fract
         assert early == full  # a step faster than the bar is simulated to the end
     else:
         assert bar <= early <= full  # given up: a lower bound that already reaches the bar
+
+
+@settings(max_examples=40, deadline=None)
+@given(plans())
+def test_step_and_peak_are_the_simulated_ones(plan):
+    cost = CostModel(plan.config)
+    result = simulate(plan, cost, check=False)
+    assert step_and_peak(plan, cost) == (result.step_time_s, max(result.peak_memory_bytes))

@@ -229,6 +229,16 @@ def step_time(plan: Plan, cost: CostModel | None = None, *, give_up_at: float = 
     return _step_end(_ready(runs, pp), cost)
 
 
+def step_and_peak(plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:
+    """``simulate(plan, check=False)``'s step time and its highest peak memory of any device
+    (``max(peak_memory_bytes)``), bit for bit, without building the spans: what a planner scores a
+    candidate on."""
+    cost = cost or CostModel(plan.config)
+    runs = [_PipelineRun(plan, p, cost) for p in range(len(plan.pipelines))]
+    peak = max((m.peak_bytes for run in runs for m in run.memory(cost)), default=0.0)
+    return _step_end(_ready(runs, plan.config.parallel.pp), cost), peak
+
+
 def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
              document_lengths: Sequence[int] | None = None) -> SimResult:
     """Simulate one step of ``plan``. ``check`` runs the plan checker first (the default).

@@ -30,7 +30,7 @@ from slimpack.cost import CostModel
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
 from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
-from slimpack.sim import simulate
+from slimpack.sim import step_and_peak
 from slimpack.strategies.slimpack.candidates import safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
@@ -222,8 +222,8 @@ class SlimPackPlanner:
         members = [samples[i] for b, _ in pipelines for i in b.items]
         plan = Plan(config=self.config, strategy=self.name, samples=tuple(members),
                     pipelines=tuple(pipe for _, pipe in pipelines))
-        result = simulate(plan, self.cost, check=False)
-        return not result.oom, result.step_time_s, max(result.peak_memory_bytes)
+        step_s, peak = step_and_peak(plan, self.cost)
+        return peak <= self.config.cluster.usable_memory_bytes, step_s, peak
 
     def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> Score:
         """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``."""
