@@ -60,13 +60,18 @@ def best_cut(piece: Slice, need: float, cost: SliceCost, rules: CutRules, *, fro
     return (lo + a) * rules.align if not from_end else (hi - a) * rules.align
 
 
-def total_cost(pieces: Sequence[Slice], cost: SliceCost) -> float:
-    """Σ cost of ``pieces``, in one vectorised call (cost functions are plain arithmetic)."""
+def piece_costs(pieces: Sequence[Slice], cost: SliceCost) -> np.ndarray:
+    """cost of each of ``pieces``, in one vectorised call: cost functions are plain arithmetic, and
+    on float64 arrays of integer positions they give, bit for bit, what one call per piece gives."""
     if not pieces:
-        return 0.0
-    starts = np.fromiter((p.start for p in pieces), dtype=np.float64, count=len(pieces))
-    ends = np.fromiter((p.end for p in pieces), dtype=np.float64, count=len(pieces))
-    return float(np.sum(cost(ends - starts, starts)))
+        return np.zeros(0)
+    _, starts, ends = np.array(pieces, dtype=np.float64).T
+    return cost(ends - starts, starts)
+
+
+def total_cost(pieces: Sequence[Slice], cost: SliceCost) -> float:
+    """Σ cost of ``pieces``."""
+    return float(np.sum(piece_costs(pieces, cost)))
 
 
 def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
@@ -88,8 +93,10 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
          total: float | None) -> list[list[Slice]]:
     queue = list(pieces)
     queue.reverse()  # pop() from the end = next piece in order
+    costs = piece_costs(queue, cost)
     # what the groups still to form should cost together (estimated from whole pieces in pass 1)
-    remaining = total_cost(queue, cost) if total is None else total
+    remaining = float(np.sum(costs)) if total is None else total
+    whole_costs = costs.tolist()  # of the pieces in ``queue``, kept in step with it
     groups: list[list[Slice]] = []
     for g in range(num_groups):
         if not queue:
@@ -102,8 +109,9 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
         filled = 0.0
         while queue:
             piece = queue[-1]
-            whole = cost(piece.end - piece.start, piece.start)
+            whole = whole_costs[-1]
             if filled + whole <= budget:
+                whole_costs.pop()
                 group.append(queue.pop())
                 filled += whole
                 remaining -= whole
@@ -120,9 +128,11 @@ def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRu
                 cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
             if cut_gap < min(leave_gap, take_gap):
                 queue[-1] = kept
+                whole_costs[-1] = cost(kept.tokens, kept.start)
                 group.append(taken)
                 remaining -= cost(taken.tokens, taken.start)
             elif take_gap < leave_gap:
+                whole_costs.pop()
                 group.append(queue.pop())
                 remaining -= whole
             break

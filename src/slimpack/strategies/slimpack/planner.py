@@ -81,6 +81,8 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._laid_out: dict[tuple[int, ...], list[Slice]] = {}
+        """A bin's samples laid out longest first as whole slices (every shape cuts that sequence)."""
         self._seed: Shape | None = None
         """The previous step's winning shape, which seeds this step's search."""
 
@@ -172,12 +174,14 @@ class SlimPackPlanner:
                       milp: MilpBudget | None) -> PipelinePlan:
         """The pipeline ``shape`` asks for: the bin's samples cut into forward groups, regrouped
         for backward (symmetric, asymmetric or bounded), with the MILP's refinement when given."""
-        members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
         cp = self.config.parallel.cp * len(bin_.replicas)
-        if not members:  # more replicas than samples: this one only joins the gradient all-reduce
+        if not bin_.items:  # more replicas than samples: this one only joins the gradient all-reduce
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
-        pieces = [Slice(s.id, 0, s.length) for s in members]
+        if bin_.items not in self._laid_out:
+            members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
+            self._laid_out[bin_.items] = [Slice(s.id, 0, s.length) for s in members]
+        pieces = self._laid_out[bin_.items]
         rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
         forward = cut_into_groups(pieces, shape.num_groups, forward_cost, rules)
@@ -319,6 +323,7 @@ class SlimPackPlanner:
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
         self._built.clear()  # keys hold indices into this step's batch
+        self._laid_out.clear()
         samples = list(batch)
         par = self.config.parallel
         knobs = self.config.planner
