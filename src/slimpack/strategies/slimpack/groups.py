@@ -97,17 +97,13 @@ def symmetric_backward(forward: Sequence[Group]) -> tuple[Group, ...]:
 def formations(forward: Sequence[Group]) -> tuple[str, ...]:
     """slim: pieces of one sample that spans several groups; pack: only samples entirely inside
     the group; mix: anything else (a sliced sample's piece plus other samples)."""
-    groups_of: dict[int, set[int]] = {}
-    for g, group in enumerate(forward):
-        for s in group:
-            groups_of.setdefault(s.sample_id, set()).add(g)
+    ids = [{s.sample_id for s in group} for group in forward]
+    groups_of = Counter(sid for group_ids in ids for sid in group_ids)  # groups holding each sample
     out = []
-    for group in forward:
-        ids = {s.sample_id for s in group}
-        split = {sid for sid in ids if len(groups_of[sid]) > 1}
-        if not split:
+    for group_ids in ids:
+        if all(groups_of[sid] == 1 for sid in group_ids):
             out.append("pack")
-        elif len(ids) == 1:
+        elif len(group_ids) == 1:
             out.append("slim")
         else:
             out.append("mix")
