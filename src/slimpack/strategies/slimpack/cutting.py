@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -65,7 +66,7 @@ def piece_costs(pieces: Sequence[Slice], cost: SliceCost) -> np.ndarray:
     on float64 arrays of integer positions they give, bit for bit, what one call per piece gives."""
     if not pieces:
         return np.zeros(0)
-    _, starts, ends = np.array(pieces, dtype=np.float64).T
+    _, starts, ends = np.fromiter(chain.from_iterable(pieces), dtype=np.float64, count=3 * len(pieces)).reshape(-1, 3).T
     return cost(ends - starts, starts)
 
 

@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class Bin:
@@ -35,10 +37,13 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     share = sum(costs) / dp
     merges: list[tuple[int, int]] = []
     used = 0
-    # memory-bound items first (they cannot run otherwise), then outliers by cost
-    by_need = sorted(range(len(costs)), key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
+    # memory-bound items first (they cannot run otherwise), then outliers by cost; an item that is
+    # neither would end the loop below, so only these are sorted
+    outlier = merge_share * share
+    needy = [i for i in range(len(costs)) if min_ways[i] > 1 or costs[i] / outlier > 1]
+    by_need = sorted(needy, key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
     for item in by_need:
-        ways = max(min_ways[item], math.ceil(costs[item] / (merge_share * share)))
+        ways = max(min_ways[item], math.ceil(costs[item] / outlier))
         ways = min(ways, dp - used)
         if ways <= 1:
             if min_ways[item] > 1:
@@ -77,7 +82,8 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
         heaps.setdefault(w, []).append((loads[b], b))
     for heap in heaps.values():
         heapq.heapify(heap)
-    for item in sorted((i for i in range(len(costs)) if i not in merged), key=lambda i: (-costs[i], i)):
+    heaviest_first = np.argsort(-np.asarray(costs, dtype=np.float64), kind="stable").tolist()  # ties: lower index first
+    for item in (i for i in heaviest_first if i not in merged):
         w = min(heaps, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
         load, target = heapq.heappop(heaps[w])
         members[target].append(item)

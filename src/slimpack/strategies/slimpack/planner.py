@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
@@ -237,8 +239,10 @@ class SlimPackPlanner:
         """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
         ones with the longest sample or the most tokens (peak memory)."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
-        tokens_of = [sum(samples[i].length for i in b.items) / len(b.replicas) for b in bins]
-        longest = [max((samples[i].length for i in b.items), default=0) / len(b.replicas) for b in bins]
+        lengths = np.array([s.length for s in samples], dtype=np.int64)
+        held = [lengths[list(b.items)] for b in bins]
+        tokens_of = [int(h.sum()) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
+        longest = [int(h.max(initial=0)) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
         merged = {b for b in range(len(bins)) if len(bins[b].replicas) > 1}  # their speed is estimated
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
@@ -328,7 +332,8 @@ class SlimPackPlanner:
         par = self.config.parallel
         knobs = self.config.planner
         forward_cost, backward_cost = self._slice_costs(0.0)
-        costs = [forward_cost(s.length, 0) + backward_cost(s.length, 0) for s in samples]
+        lengths = np.array([s.length for s in samples], dtype=np.float64)
+        costs = (forward_cost(lengths, 0.0) + backward_cost(lengths, 0.0)).tolist()  # as per sample, bit for bit
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         holds = self._longest_held()
         min_ways = [next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp)
