@@ -110,8 +110,10 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     skipped when the lead is clear and memory is not tight. Raises a ``UserError`` when nothing
     fits."""
     if fitting:
+        if len(batch) > CANDIDATES_MAX_SAMPLES:
+            return plan
         tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
-        if len(batch) > CANDIDATES_MAX_SAMPLES or (lead < 1 - CLEAR_LEAD and not tight):
+        if lead < 1 - CLEAR_LEAD and not tight:
             return plan
     # a candidate replaces a fitting plan only if it is strictly faster
     found = fastest_fitting([*baseline_plans(batch, plan.step, plan.config),

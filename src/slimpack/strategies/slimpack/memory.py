@@ -17,15 +17,14 @@ import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
-from slimpack.plan.types import Action, PipelinePlan
+from slimpack.plan.types import Action, PipelinePlan, group_tokens
 
 
 def stage_peak_bytes(pipeline: PipelinePlan, order: Sequence[Sequence[Action]], config: Config,
                      cost: CostModel) -> list[float]:
     """Per device of ``pipeline``: the peak bytes the simulator charges it for ``order``."""
     pp = config.parallel.pp
-    tokens = {"F": [sum(s.tokens for s in g) for g in pipeline.forward],
-              "B": [sum(s.tokens for s in g) for g in pipeline.backward]}
+    tokens = {"F": list(map(group_tokens, pipeline.forward)), "B": list(map(group_tokens, pipeline.backward))}
     peaks = []
     for device, actions in enumerate(order):
         # the device's actions as arrays: the cost model's byte counts are plain arithmetic, and a

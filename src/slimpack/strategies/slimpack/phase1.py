@@ -83,12 +83,13 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     for heap in heaps.values():
         heapq.heapify(heap)
     heaviest_first = np.argsort(-np.asarray(costs, dtype=np.float64), kind="stable").tolist()  # ties: lower index first
+    only = next(iter(heaps)) if len(heaps) == 1 else None  # no DP-Merge: one heap, nothing to choose
     for item in (i for i in heaviest_first if i not in merged):
-        w = min(heaps, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
-        load, target = heapq.heappop(heaps[w])
+        w = only if only is not None else min(heaps, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
+        load, target = heaps[w][0]
         members[target].append(item)
         loads[target] = load + costs[item]
-        heapq.heappush(heaps[w], (loads[target], target))
+        heapq.heapreplace(heaps[w], (loads[target], target))  # pop the lightest, push it back heavier
     _improve(costs, members, loads, width, merged)
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 

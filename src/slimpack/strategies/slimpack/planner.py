@@ -29,7 +29,7 @@ import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
-from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, runs
 from slimpack.schedule.builders import backward_needs, dependency_aware, interleaved_1f1b
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import step_and_peak
@@ -210,8 +210,8 @@ class SlimPackPlanner:
             if forward == backward and len(forward) % par.pp == 0:
                 return interleaved_1f1b(len(forward), par.pp, par.virtual_stages)
             return interleaved_order(forward, backward, cp=cp, config=self.config, cost=self.cost)
-        forward_tokens = [sum(s.tokens for s in g) for g in forward]
-        backward_tokens = [sum(s.tokens for s in g) for g in backward]
+        forward_tokens = list(map(group_tokens, forward))
+        backward_tokens = list(map(group_tokens, backward))
         caps = activation_cap_tokens(self.config, self.cost, cp=cp,
                                      largest_group_tokens=max(forward_tokens + backward_tokens))
         return dependency_aware(backward_needs(forward, backward), num_forward=len(forward),
@@ -336,8 +336,8 @@ class SlimPackPlanner:
         costs = (forward_cost(lengths, 0.0) + backward_cost(lengths, 0.0)).tolist()  # as per sample, bit for bit
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         holds = self._longest_held()
-        min_ways = [next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp)
-                    if knobs.use_dp_merge else 1 for s in samples]
+        min_ways = [1 if s.length <= holds[0] or not knobs.use_dp_merge else
+                    next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp) for s in samples]
         best = None
         tried = 0
         tried_merges: list[list[tuple[int, int]]] = []
@@ -363,12 +363,13 @@ class SlimPackPlanner:
         self._seed = shape
         ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
-        pipelines, fallbacks = [], 0
+        pipelines, fallbacks, fitting = [], 0, True
         for bin_ in bins:
             pipe = self._best_pipeline(bin_, samples, shape, milp)
             if not self._fits(pipe):
-                pipe = next((p for p in (self._memo_pipeline(bin_, samples, s) for s in self._fallbacks(shape, ranked))
-                             if self._fits(p)), pipe)
+                found = next((p for p in (self._memo_pipeline(bin_, samples, s) for s in self._fallbacks(shape, ranked))
+                              if self._fits(p)), None)
+                pipe, fitting = (pipe, False) if found is None else (found, fitting)
                 fallbacks += 1
             # formations are reported in the plan only (scoring does not need them)
             pipelines.append(dataclasses.replace(pipe, formations=formations(pipe.forward)))  # type: ignore[arg-type]
@@ -384,7 +385,7 @@ class SlimPackPlanner:
         info["step_over_whole_samples"] = lead
         plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=tuple(pipelines), info=info)
-        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines), lead=lead)
+        plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
 
 
