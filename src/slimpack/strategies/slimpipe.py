@@ -98,20 +98,23 @@ class SlimPipePlanner:
         forward, backward = (self.cost.slice_cost_function(backward=b) for b in (False, True))
         self.slice_cost: SliceCost = lambda tokens, prefix: forward(tokens, prefix) + backward(tokens, prefix)
 
-    def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int) -> Plan:
-        par = self.config.parallel
-        pipelines = []
-        for replica in range(par.dp):
-            chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
-                      for seq in sequences[replica::par.dp]]
-            forward = tuple(g for seq in chunks for g in seq)
-            backward = tuple(g for seq in chunks for g in reversed(seq))
-            pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)
-            if n > 1:
-                pipe = replace(pipe, order=slice_1f1b(len(forward), par.pp, n))
-            pipelines.append(pipe)
+    def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int,
+              replicas: Sequence[int] | None = None) -> Plan:
+        """The plan of ``sequences`` (dealt round-robin over the replicas) at ``n`` slices; with
+        ``replicas``, of those replicas' pipelines alone."""
+        pipelines = tuple(self.pipeline(sequences, replica, n)
+                          for replica in (range(self.config.parallel.dp) if replicas is None else replicas))
         return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
-                    pipelines=tuple(pipelines), info={"num_slices": n})
+                    pipelines=pipelines, info={"num_slices": n})
+
+    def pipeline(self, sequences: Sequence[Sequence[Slice]], replica: int, n: int) -> PipelinePlan:
+        par = self.config.parallel
+        chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
+                  for seq in sequences[replica::par.dp]]
+        forward = tuple(g for seq in chunks for g in seq)
+        backward = tuple(g for seq in chunks for g in reversed(seq))
+        pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)
+        return replace(pipe, order=slice_1f1b(len(forward), par.pp, n)) if n > 1 else pipe
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         samples, sequences = pack_fixed_length(batch, self.config.train.max_context)

@@ -15,11 +15,13 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
-from slimpack.plan.types import Plan, Sample
+from slimpack.plan.types import Plan, Sample, group_tokens
 from slimpack.sim import step_time
 from slimpack.strategies.base import cut_to_context, whole
 from slimpack.strategies.packing import best_fit_decreasing
@@ -71,11 +73,28 @@ def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
     return plans
 
 
-def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A whole-document candidate plan, built only if it may win."""
+
+    build: Callable[[], Plan]
+    probe: Callable[[], Plan] | None = None
+    """A plan of some of the candidate's pipelines alone: the whole plan's step is at least the
+    probe's (the step ends after every pipeline's last backward), so a candidate the probe rules
+    out is never built."""
+
+    @staticmethod
+    def of(plan: Plan) -> Candidate:
+        """A candidate already planned."""
+        return Candidate(build=lambda: plan)
+
+
+def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Candidate]:
     """SlimPipe's slice-level 1F1B over whole documents: best-fit-decreasing sequences (each within
     the context), heaviest first dealt round-robin over the replicas, each cut into n equal-token
     slices (n > 1). Where memory is tight this holds far fewer activations than 1F1B over whole
-    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary."""
+    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary. Each is probed
+    by the pipeline of the replica with the most tokens."""
     from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
 
     if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
@@ -87,16 +106,26 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Pl
     flops = [sum(float(model_training_flops(config.model, samples[i].length)) for i in b) for b in bins]
     order = sorted(range(len(bins)), key=lambda b: (-flops[b], b))
     sequences = [[whole(samples[i]) for i in bins[b]] for b in order]
-    return [planner.build(samples, sequences, n, step) for n in planner.candidates if n > 1]
+    dp = config.parallel.dp
+    tokens = [sum(map(group_tokens, sequences[r::dp])) for r in range(dp)]
+    heaviest = max(range(dp), key=lambda r: (tokens[r], -r))
+    return [Candidate(build=partial(planner.build, samples, sequences, n, step),
+                      probe=partial(planner.build, samples, sequences, n, step, replicas=(heaviest,)))
+            for n in planner.candidates if n > 1]
 
 
-def fastest_fitting(plans: Sequence[Plan], cost: CostModel, *, beat: float = float("inf")) -> tuple[Plan, float] | None:
-    """The plan of ``plans`` that fits in memory with the shortest simulated step, and that step's
+def fastest_fitting(candidates: Sequence[Candidate], cost: CostModel, *, beat: float = float("inf")
+                    ) -> tuple[Plan, float] | None:
+    """The candidate plan that fits in memory with the shortest simulated step, and that step's
     time (the first of equals; None if none fits). Only plans faster than ``beat`` count: a plan is
-    given up as soon as its simulation shows it cannot beat that or the fastest so far."""
+    given up as soon as its simulation (or its probe's) shows it cannot beat that or the fastest so
+    far."""
     best: tuple[Plan, float] | None = None
-    for plan in plans:
+    for candidate in candidates:
         bar = beat if best is None else best[1]  # a best so far is faster than ``beat``
+        if candidate.probe is not None and step_time(candidate.probe(), cost, give_up_at=bar) >= bar:
+            continue
+        plan = candidate.build()
         time_s = step_time(plan, cost, give_up_at=bar)
         if time_s < bar and plan_fits(plan, cost):
             best = (plan, time_s)
@@ -116,8 +145,8 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         if lead < 1 - CLEAR_LEAD and not tight:
             return plan
     # a candidate replaces a fitting plan only if it is strictly faster
-    found = fastest_fitting([*baseline_plans(batch, plan.step, plan.config),
-                             *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
+    planned = [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
+    found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
                             beat=step_time(plan, cost) if fitting else float("inf"))
     if fitting and found is None:
         return plan
