@@ -85,16 +85,18 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
     efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
     pass with the first pass's actual total removes that drift."""
     assert num_groups >= 1
-    first = _cut(pieces, num_groups, cost, rules, from_end, None)
-    actual = total_cost([s for group in first for s in group], cost)
-    return _cut(pieces, num_groups, cost, rules, from_end, actual)
-
-
-def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, from_end: bool,
-         total: float | None) -> list[list[Slice]]:
     queue = list(pieces)
     queue.reverse()  # pop() from the end = next piece in order
     costs = piece_costs(queue, cost)
+    first = _cut(queue, costs, num_groups, cost, rules, from_end, None)
+    actual = total_cost([s for group in first for s in group], cost)
+    return _cut(queue, costs, num_groups, cost, rules, from_end, actual)
+
+
+def _cut(reversed_pieces: list[Slice], costs: np.ndarray, num_groups: int, cost: SliceCost, rules: CutRules,
+         from_end: bool, total: float | None) -> list[list[Slice]]:
+    """One pass over the pieces (given last first, with their costs)."""
+    queue = list(reversed_pieces)
     # what the groups still to form should cost together (estimated from whole pieces in pass 1)
     remaining = float(np.sum(costs)) if total is None else total
     whole_costs = costs.tolist()  # of the pieces in ``queue``, kept in step with it

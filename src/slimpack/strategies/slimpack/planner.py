@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,8 @@ class SlimPackPlanner:
         self._built: dict[tuple, PipelinePlan] = {}
         self._laid_out: dict[tuple[int, ...], list[Slice]] = {}
         """A bin's samples laid out longest first as whole slices (every shape cuts that sequence)."""
+        self._ids = self._lengths = np.zeros(0, dtype=np.int64)
+        """This step's sample ids and lengths, by index in the batch."""
         self._seed: Shape | None = None
         """The previous step's winning shape, which seeds this step's search."""
 
@@ -181,8 +184,10 @@ class SlimPackPlanner:
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
         if bin_.items not in self._laid_out:
-            members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
-            self._laid_out[bin_.items] = [Slice(s.id, 0, s.length) for s in members]
+            items = np.array(bin_.items, dtype=np.intp)
+            ids, lengths = self._ids[items], self._lengths[items]
+            order = np.lexsort((ids, -lengths))  # longest first, then by id
+            self._laid_out[bin_.items] = list(map(Slice, ids[order].tolist(), repeat(0), lengths[order].tolist()))
         pieces = self._laid_out[bin_.items]
         rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
@@ -239,8 +244,7 @@ class SlimPackPlanner:
         """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
         ones with the longest sample or the most tokens (peak memory)."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
-        lengths = np.array([s.length for s in samples], dtype=np.int64)
-        held = [lengths[list(b.items)] for b in bins]
+        held = [self._lengths[list(b.items)] for b in bins]
         tokens_of = [int(h.sum()) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
         longest = [int(h.max(initial=0)) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
         merged = {b for b in range(len(bins)) if len(bins[b].replicas) > 1}  # their speed is estimated
@@ -256,7 +260,7 @@ class SlimPackPlanner:
         scored_bins = self._scored_bins(bins, samples)
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
-        tokens = max(sum(samples[i].length for i in b.items) for b in bins)
+        tokens = max(int(self._lengths[list(b.items)].sum()) for b in bins)
         limit = max(1, min(tokens // self.rules.min_slice + most_samples, 64 * pp))
         scores: dict[Shape, Score] = {}
 
@@ -332,7 +336,9 @@ class SlimPackPlanner:
         par = self.config.parallel
         knobs = self.config.planner
         forward_cost, backward_cost = self._slice_costs(0.0)
-        lengths = np.array([s.length for s in samples], dtype=np.float64)
+        self._ids = np.array([s.id for s in samples], dtype=np.int64)
+        self._lengths = np.array([s.length for s in samples], dtype=np.int64)
+        lengths = self._lengths.astype(np.float64)
         costs = (forward_cost(lengths, 0.0) + backward_cost(lengths, 0.0)).tolist()  # as per sample, bit for bit
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         holds = self._longest_held()
