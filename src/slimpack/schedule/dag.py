@@ -80,7 +80,7 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     # data dependencies between slices of one sample, on every virtual stage (the maps are built
     # with C-level iterators: a pipeline holds thousands of slices and the simulator builds this
     # graph for every candidate the planner scores)
-    f_group, b_group = _group_of(forward), _group_of(backward)
+    f_group, b_group = slice_groups(forward), slice_groups(backward)
     counts = Counter(map(itemgetter(0), f_group))
     chains: dict[int, list[int]] = {}
     for sample_id, start in f_group:
@@ -108,10 +108,9 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     return preds
 
 
-def _group_of(groups: Sequence[Sequence[SliceKey]]) -> dict[tuple[int, int], int]:
-    """(sample id, start) of each slice -> its group's index."""
-    flat = list(chain.from_iterable(groups))
-    keys = zip(map(itemgetter(0), flat), map(itemgetter(1), flat), strict=True)
+def slice_groups(groups: Sequence[Sequence[SliceKey]]) -> dict[tuple[int, int], int]:
+    """(sample id, start) of each slice -> its group's index (built with C-level iterators)."""
+    keys = map(itemgetter(0, 1), chain.from_iterable(groups))
     return dict(zip(keys, chain.from_iterable(repeat(g, len(group)) for g, group in enumerate(groups)), strict=True))
 
 
