@@ -1,14 +1,16 @@
-"""The planner's array shortcuts give, bit for bit, what the plain per-item loops give: whole-piece
-costs in one call, and a schedule's peak memory as a cumulative sum."""
+"""The planner's shortcuts give, bit for bit, what the plain per-item loops give: whole-piece costs in
+one call, a schedule's peak memory as a cumulative sum, and cutting with running sums in C."""
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import config
 from random_plans import plans
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.plan.types import Slice
-from slimpack.strategies.slimpack.cutting import piece_costs
+from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_groups, piece_costs
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
 
@@ -47,3 +49,56 @@ def test_stage_peaks_equal_the_running_total(plan):
     cost = CostModel(plan.config)
     for pipe in plan.pipelines:
         assert stage_peak_bytes(pipe, pipe.order, plan.config, cost) == _running_peaks(pipe, pipe.order, plan.config, cost)
+
+
+def _cut_one_piece_at_a_time(pieces, num_groups, cost, rules, from_end, remaining):
+    """The greedy pass as a plain loop over pieces: the reference for ``cutting._cut``."""
+    queue = list(reversed(pieces))
+    groups = []
+    for g in range(num_groups):
+        if not queue:
+            break
+        if g == num_groups - 1:
+            groups.append(queue[::-1])
+            break
+        budget, group, filled = remaining / (num_groups - g), [], 0.0
+        while queue:
+            piece = queue[-1]
+            whole = cost(piece.end - piece.start, piece.start)
+            if filled + whole <= budget:
+                group.append(queue.pop())
+                filled += whole
+                remaining -= whole
+                continue
+            leave_gap = budget - filled if group else float("inf")
+            take_gap = filled + whole - budget
+            t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
+            cut_gap = float("inf")
+            if t is not None:
+                head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
+                taken, kept = (tail, head) if from_end else (head, tail)
+                cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
+            if cut_gap < min(leave_gap, take_gap):
+                queue[-1] = kept
+                group.append(taken)
+                remaining -= cost(taken.tokens, taken.start)
+            elif take_gap < leave_gap:
+                group.append(queue.pop())
+                remaining -= whole
+            break
+        groups.append(group)
+    return groups
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 131_072), min_size=1, max_size=300), st.integers(1, 80), st.booleans(),
+       st.booleans())
+def test_cutting_equals_the_one_piece_at_a_time_loop(lengths, num_groups, from_end, can_cut):
+    cost = CostModel(config(pp=4, max_context=131072)).slice_cost_function(backward=from_end)
+    rules = CutRules(can_cut=can_cut, min_slice=1024, align=128)
+    pieces = [Slice(i, 0, n) for i, n in enumerate(sorted(lengths, reverse=True))]
+    estimate = float(np.sum(piece_costs(pieces[::-1], cost)))
+    first = _cut_one_piece_at_a_time(pieces, num_groups, cost, rules, from_end, estimate)
+    actual = float(np.sum(piece_costs([s for group in first for s in group], cost)))
+    expected = _cut_one_piece_at_a_time(pieces, num_groups, cost, rules, from_end, actual)
+    assert cut_into_groups(pieces, num_groups, cost, rules, from_end=from_end) == expected

@@ -11,9 +11,12 @@ Must not import torch.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from functools import reduce
+from itertools import accumulate, chain
+from operator import sub
 
 import numpy as np
 
@@ -85,42 +88,38 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
     efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
     pass with the first pass's actual total removes that drift."""
     assert num_groups >= 1
-    queue = list(pieces)
-    queue.reverse()  # pop() from the end = next piece in order
-    costs = piece_costs(queue, cost)
-    first = _cut(queue, costs, num_groups, cost, rules, from_end, None)
+    costs = piece_costs(pieces, cost)
+    # the estimate sums the whole pieces last first, as this pass always has (the same float)
+    estimate = float(np.sum(np.ascontiguousarray(costs[::-1])))
+    first = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, estimate)
     actual = total_cost([s for group in first for s in group], cost)
-    return _cut(queue, costs, num_groups, cost, rules, from_end, actual)
+    return _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, actual)
 
 
-def _cut(reversed_pieces: list[Slice], costs: np.ndarray, num_groups: int, cost: SliceCost, rules: CutRules,
-         from_end: bool, total: float | None) -> list[list[Slice]]:
-    """One pass over the pieces (given last first, with their costs)."""
-    queue = list(reversed_pieces)
-    # what the groups still to form should cost together (estimated from whole pieces in pass 1)
-    remaining = float(np.sum(costs)) if total is None else total
-    whole_costs = costs.tolist()  # of the pieces in ``queue``, kept in step with it
+def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: SliceCost, rules: CutRules,
+         from_end: bool, remaining: float) -> list[list[Slice]]:
+    """One pass: ``costs`` are the pieces' (the head piece's changes where it is cut), ``remaining``
+    what the groups still to form should cost together."""
+    sequence = list(pieces)
+    at = 0  # the next piece
     groups: list[list[Slice]] = []
     for g in range(num_groups):
-        if not queue:
+        if at == len(sequence):
             break
         if g == num_groups - 1:
-            groups.append(queue[::-1])
+            groups.append(sequence[at:])
             break
         budget = remaining / (num_groups - g)
-        group: list[Slice] = []
-        filled = 0.0
-        while queue:
-            piece = queue[-1]
-            whole = whole_costs[-1]
-            if filled + whole <= budget:
-                whole_costs.pop()
-                group.append(queue.pop())
-                filled += whole
-                remaining -= whole
-                continue
-            # the piece overflows: close the group without it, take it whole, or cut it,
+        # whole pieces while they fit, found with running sums in C (the same additions, in the
+        # same order, as adding one piece at a time)
+        taken_whole, filled = _whole_pieces_within(costs, at, budget)
+        group = sequence[at:at + taken_whole]
+        remaining = _subtract_each(remaining, costs[at:at + taken_whole])
+        at += taken_whole
+        if at < len(sequence):
+            # the next piece overflows: close the group without it, take it whole, or cut it,
             # whichever leaves the group closest to its budget (ties: no cut)
+            piece, whole = sequence[at], costs[at]
             leave_gap = budget - filled if group else float("inf")
             take_gap = filled + whole - budget
             t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
@@ -130,14 +129,29 @@ def _cut(reversed_pieces: list[Slice], costs: np.ndarray, num_groups: int, cost:
                 taken, kept = (tail, head) if from_end else (head, tail)
                 cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
             if cut_gap < min(leave_gap, take_gap):
-                queue[-1] = kept
-                whole_costs[-1] = cost(kept.tokens, kept.start)
+                sequence[at], costs[at] = kept, cost(kept.tokens, kept.start)
                 group.append(taken)
                 remaining -= cost(taken.tokens, taken.start)
             elif take_gap < leave_gap:
-                whole_costs.pop()
-                group.append(queue.pop())
+                group.append(piece)
                 remaining -= whole
-            break
+                at += 1
         groups.append(group)
     return groups
+
+
+def _whole_pieces_within(costs: list[float], at: int, budget: float) -> tuple[int, float]:
+    """How many pieces from ``at`` on fit in ``budget`` one after another, and their cost (summed
+    from 0.0, piece after piece)."""
+    window = 32
+    while True:
+        running = list(accumulate(costs[at:at + window]))  # non-decreasing: costs are positive
+        count = bisect_right(running, budget)
+        if count < len(running) or at + window >= len(costs):
+            return count, (running[count - 1] if count else 0.0)
+        window *= 4
+
+
+def _subtract_each(total: float, costs: list[float]) -> float:
+    """``total`` less each of ``costs`` in turn (a running total's rounding, not the sum's)."""
+    return reduce(sub, costs, total)
