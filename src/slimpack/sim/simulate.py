@@ -23,14 +23,15 @@ Must not import torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from slimpack.config import Config
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.plan.cells import pipeline_cells
 from slimpack.plan.check import check_groups, schedule_graph
-from slimpack.plan.types import PipelinePlan, Plan
+from slimpack.plan.types import PipelinePlan, Plan, group_tokens
 from slimpack.schedule.dag import P2P
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
@@ -100,22 +101,22 @@ class _PipelineRun:
     """Timeline and memory of one pipeline. Per-node values live in flat lists indexed by node id:
     the simulator's hot loops run over tens of thousands of nodes (see docs/sim-speed.md)."""
 
-    def __init__(self, plan: Plan, index: int, cost: CostModel) -> None:
+    def __init__(self, config: Config, pipe: PipelinePlan, index: int, cost: CostModel) -> None:
+        """``pipe``, pipeline ``index`` of a plan of ``config``."""
         self.index = index
-        pipe = plan.pipelines[index]
-        par = plan.config.parallel
+        par = config.parallel
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self._cells = CellTable(pipe, self.cp, cost, where=f"pipelines[{index}]")
         group_tokens = self._cells.group_tokens
-        graph, topo = schedule_graph(pipe, plan.config, where=f"pipelines[{index}]")
+        graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
         self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
         self.tokens = [group_tokens[a.kind][a.group] for _, a in graph.nodes]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
         # (first chunk) and the head (last chunk)
-        layers = par.chunk_layers(plan.config.model.num_layers)
+        layers = par.chunk_layers(config.model.num_layers)
         last = self.pp * self.chunks - 1
         shapes = [(layers[v], v == 0, v == last) for v in range(last + 1)]
         times: dict[tuple, list[float]] = {}
@@ -216,13 +217,22 @@ def step_time(plan: Plan, cost: CostModel | None = None, *, give_up_at: float = 
     that cannot end before ``give_up_at`` may be given up early: the time returned is then at least
     ``give_up_at`` (a lower bound of the step), after simulating only the pipelines that show it
     (the most tokens first), which makes ruling out a slower candidate plan cheap."""
-    cost = cost or CostModel(plan.config)
-    pp = plan.config.parallel.pp
-    tokens = [sum(s.tokens for group in pipe.forward for s in group) for pipe in plan.pipelines]
+    tokens = [sum(map(group_tokens, pipe.forward)) for pipe in plan.pipelines]
     heavy_first = sorted(range(len(plan.pipelines)), key=lambda p: (-tokens[p], p))
+    return pipelines_step_time(plan.config, ((p, plan.pipelines[p]) for p in heavy_first), cost,
+                               give_up_at=give_up_at)
+
+
+def pipelines_step_time(config: Config, pipelines: Iterable[tuple[int, PipelinePlan]], cost: CostModel | None = None,
+                        *, give_up_at: float = float("inf")) -> float:
+    """``step_time`` of a plan of ``config`` made of ``pipelines`` (each with its index in the plan),
+    simulated one by one as the iterable yields them: a caller can build a candidate's pipelines
+    lazily and stop building as soon as the step is given up."""
+    cost = cost or CostModel(config)
+    pp = config.parallel.pp
     runs: list[_PipelineRun] = []
-    for p in heavy_first:
-        runs.append(_PipelineRun(plan, p, cost))
+    for index, pipe in pipelines:
+        runs.append(_PipelineRun(config, pipe, index, cost))
         end = _step_end(_ready(runs, pp), cost)  # only grows as pipelines are added
         if end >= give_up_at:
             return end
@@ -234,7 +244,7 @@ def step_and_peak(plan: Plan, cost: CostModel | None = None) -> tuple[float, flo
     (``max(peak_memory_bytes)``), bit for bit, without building the spans: what a planner scores a
     candidate on."""
     cost = cost or CostModel(plan.config)
-    runs = [_PipelineRun(plan, p, cost) for p in range(len(plan.pipelines))]
+    runs = [_PipelineRun(plan.config, pipe, p, cost) for p, pipe in enumerate(plan.pipelines)]
     peak = max((m.peak_bytes for run in runs for m in run.memory(cost)), default=0.0)
     return _step_end(_ready(runs, plan.config.parallel.pp), cost), peak
 
@@ -251,7 +261,7 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
         check_groups(plan)  # the schedule's checks run as each pipeline's graph is built
     config = plan.config
     par = config.parallel
-    runs = [_PipelineRun(plan, p, cost) for p in range(len(plan.pipelines))]
+    runs = [_PipelineRun(plan.config, pipe, p, cost) for p, pipe in enumerate(plan.pipelines)]
     spans: list[Span] = [span for run in runs for span in run.spans()]
     busy = sum(run.width * sum(run.duration) for run in runs)
     compute_end = max((span.end_s for span in spans), default=0.0)

@@ -98,16 +98,18 @@ class SlimPipePlanner:
         forward, backward = (self.cost.slice_cost_function(backward=b) for b in (False, True))
         self.slice_cost: SliceCost = lambda tokens, prefix: forward(tokens, prefix) + backward(tokens, prefix)
 
-    def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int,
-              replicas: Sequence[int] | None = None) -> Plan:
-        """The plan of ``sequences`` (dealt round-robin over the replicas) at ``n`` slices; with
-        ``replicas``, of those replicas' pipelines alone."""
-        pipelines = tuple(self.pipeline(sequences, replica, n)
-                          for replica in (range(self.config.parallel.dp) if replicas is None else replicas))
+    def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int) -> Plan:
+        """The plan of ``sequences`` (dealt round-robin over the replicas) at ``n`` slices."""
+        pipelines = [self.pipeline(sequences, replica, n) for replica in range(self.config.parallel.dp)]
+        return self.assemble(samples, pipelines, n, step)
+
+    def assemble(self, samples: Sequence[Sample], pipelines: Sequence[PipelinePlan], n: int, step: int) -> Plan:
+        """The plan of ``pipelines`` (one per replica, in replica order) at ``n`` slices."""
         return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
-                    pipelines=pipelines, info={"num_slices": n})
+                    pipelines=tuple(pipelines), info={"num_slices": n})
 
     def pipeline(self, sequences: Sequence[Sequence[Slice]], replica: int, n: int) -> PipelinePlan:
+        """Replica ``replica``'s pipeline: its sequences, each cut into ``n`` slices."""
         par = self.config.parallel
         chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
                   for seq in sequences[replica::par.dp]]

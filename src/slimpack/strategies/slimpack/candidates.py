@@ -15,14 +15,14 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
-from slimpack.plan.types import Plan, Sample, group_tokens
-from slimpack.sim import step_time
+from slimpack.plan.types import PipelinePlan, Plan, Sample, group_tokens
+from slimpack.sim import pipelines_step_time, step_time
 from slimpack.strategies.base import cut_to_context, whole
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -75,26 +75,27 @@ def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A whole-document candidate plan, built only if it may win."""
+    """A whole-document candidate plan whose pipelines are built one at a time, so that building
+    stops as soon as the simulation of those built rules the plan out (the step ends after every
+    pipeline's last backward: a plan is at least as slow as any of its pipelines alone)."""
 
-    build: Callable[[], Plan]
-    probe: Callable[[], Plan] | None = None
-    """A plan of some of the candidate's pipelines alone: the whole plan's step is at least the
-    probe's (the step ends after every pipeline's last backward), so a candidate the probe rules
-    out is never built."""
+    pipelines: Callable[[], Iterator[tuple[int, PipelinePlan]]]
+    """Its pipelines, each with its index in the plan, built as they are asked for."""
+    assemble: Callable[[list[PipelinePlan]], Plan]
+    """The plan of all its pipelines (given in plan order)."""
 
     @staticmethod
     def of(plan: Plan) -> Candidate:
         """A candidate already planned."""
-        return Candidate(build=lambda: plan)
+        return Candidate(pipelines=lambda: enumerate(plan.pipelines), assemble=lambda _: plan)
 
 
 def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Candidate]:
     """SlimPipe's slice-level 1F1B over whole documents: best-fit-decreasing sequences (each within
     the context), heaviest first dealt round-robin over the replicas, each cut into n equal-token
     slices (n > 1). Where memory is tight this holds far fewer activations than 1F1B over whole
-    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary. Each is probed
-    by the pipeline of the replica with the most tokens."""
+    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary. Their pipelines
+    are built the most tokens first (the likeliest to rule a candidate out)."""
     from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
 
     if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
@@ -108,9 +109,12 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Ca
     sequences = [[whole(samples[i]) for i in bins[b]] for b in order]
     dp = config.parallel.dp
     tokens = [sum(map(group_tokens, sequences[r::dp])) for r in range(dp)]
-    heaviest = max(range(dp), key=lambda r: (tokens[r], -r))
-    return [Candidate(build=partial(planner.build, samples, sequences, n, step),
-                      probe=partial(planner.build, samples, sequences, n, step, replicas=(heaviest,)))
+    heavy_first = sorted(range(dp), key=lambda r: (-tokens[r], r))
+
+    def pipelines(n: int) -> Iterator[tuple[int, PipelinePlan]]:
+        return ((r, planner.pipeline(sequences, r, n)) for r in heavy_first)
+
+    return [Candidate(pipelines=partial(pipelines, n), assemble=partial(planner.assemble, samples, n=n, step=step))
             for n in planner.candidates if n > 1]
 
 
@@ -123,13 +127,22 @@ def fastest_fitting(candidates: Sequence[Candidate], cost: CostModel, *, beat: f
     best: tuple[Plan, float] | None = None
     for candidate in candidates:
         bar = beat if best is None else best[1]  # a best so far is faster than ``beat``
-        if candidate.probe is not None and step_time(candidate.probe(), cost, give_up_at=bar) >= bar:
+        built: dict[int, PipelinePlan] = {}
+        time_s = pipelines_step_time(cost.config, _kept(candidate.pipelines(), built), cost, give_up_at=bar)
+        if time_s >= bar:
             continue
-        plan = candidate.build()
-        time_s = step_time(plan, cost, give_up_at=bar)
-        if time_s < bar and plan_fits(plan, cost):
+        plan = candidate.assemble([built[p] for p in sorted(built)])
+        if plan_fits(plan, cost):
             best = (plan, time_s)
     return best
+
+
+def _kept(pipelines: Iterator[tuple[int, PipelinePlan]], into: dict[int, PipelinePlan]
+          ) -> Iterator[tuple[int, PipelinePlan]]:
+    """``pipelines``, each also kept in ``into`` by its index as it goes by."""
+    for index, pipe in pipelines:
+        into[index] = pipe
+        yield index, pipe
 
 
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
