@@ -10,7 +10,7 @@ from random_plans import plans
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.plan.types import Slice
-from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_groups, piece_costs
+from slimpack.strategies.slimpack.cutting import CutRules, cut_into_groups, overflow, piece_costs
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
 
@@ -52,7 +52,8 @@ def test_stage_peaks_equal_the_running_total(plan):
 
 
 def _cut_one_piece_at_a_time(pieces, num_groups, cost, rules, from_end, remaining):
-    """The greedy pass as a plain loop over pieces: the reference for ``cutting._cut``."""
+    """The greedy pass adding one whole piece at a time (the overflowing piece handled as ``_cut`` does):
+    the reference for ``cutting._cut``'s running sums."""
     queue = list(reversed(pieces))
     groups = []
     for g in range(num_groups):
@@ -70,21 +71,14 @@ def _cut_one_piece_at_a_time(pieces, num_groups, cost, rules, from_end, remainin
                 filled += whole
                 remaining -= whole
                 continue
-            leave_gap = budget - filled if group else float("inf")
-            take_gap = filled + whole - budget
-            t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
-            cut_gap = float("inf")
-            if t is not None:
-                head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
-                taken, kept = (tail, head) if from_end else (head, tail)
-                cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
-            if cut_gap < min(leave_gap, take_gap):
-                queue[-1] = kept
+            taken, kept = overflow(piece, whole, filled, budget, bool(group), cost, rules, from_end)
+            if taken is not None:
                 group.append(taken)
-                remaining -= cost(taken.tokens, taken.start)
-            elif take_gap < leave_gap:
-                group.append(queue.pop())
-                remaining -= whole
+                remaining -= whole if kept is None else cost(taken.tokens, taken.start)
+            if kept is None:
+                queue.pop()
+            else:
+                queue[-1] = kept
             break
         groups.append(group)
     return groups

@@ -117,27 +117,37 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
         remaining = _subtract_each(remaining, costs[at:at + taken_whole])
         at += taken_whole
         if at < len(sequence):
-            # the next piece overflows: close the group without it, take it whole, or cut it,
-            # whichever leaves the group closest to its budget (ties: no cut)
-            piece, whole = sequence[at], costs[at]
-            leave_gap = budget - filled if group else float("inf")
-            take_gap = filled + whole - budget
-            t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
-            cut_gap = float("inf")
-            if t is not None:
-                head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
-                taken, kept = (tail, head) if from_end else (head, tail)
-                cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
-            if cut_gap < min(leave_gap, take_gap):
-                sequence[at], costs[at] = kept, cost(kept.tokens, kept.start)
+            taken, kept = overflow(sequence[at], costs[at], filled, budget, bool(group), cost, rules, from_end)
+            if taken is not None:
                 group.append(taken)
-                remaining -= cost(taken.tokens, taken.start)
-            elif take_gap < leave_gap:
-                group.append(piece)
-                remaining -= whole
+                remaining -= costs[at] if kept is None else cost(taken.tokens, taken.start)
+            if kept is None:
                 at += 1
+            elif taken is not None:
+                sequence[at], costs[at] = kept, cost(kept.tokens, kept.start)
         groups.append(group)
     return groups
+
+
+def overflow(piece: Slice, whole: float, filled: float, budget: float, started: bool, cost: SliceCost,
+             rules: CutRules, from_end: bool) -> tuple[Slice | None, Slice | None]:
+    """The piece (of cost ``whole``) that overflows a group filled to ``filled`` of ``budget``
+    (``started``: the group holds something): close the group without it, take it whole, or cut
+    it, whichever leaves the group closest to its budget (ties: no cut). (what the group takes,
+    what stays for the next group): (None, piece), (piece, None) or the two parts of a cut."""
+    leave_gap = budget - filled if started else float("inf")
+    take_gap = filled + whole - budget
+    t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
+    cut_gap = float("inf")
+    if t is not None:
+        head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
+        taken, kept = (tail, head) if from_end else (head, tail)
+        cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
+    if cut_gap < min(leave_gap, take_gap):
+        return taken, kept
+    if take_gap < leave_gap:
+        return piece, None
+    return None, piece
 
 
 def _whole_pieces_within(costs: list[float], at: int, budget: float) -> tuple[int, float]:
