@@ -80,7 +80,8 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     # data dependencies between slices of one sample, on every virtual stage (the maps are built
     # with C-level iterators: a pipeline holds thousands of slices and the simulator builds this
     # graph for every candidate the planner scores)
-    f_group, b_group = slice_groups(forward), slice_groups(backward)
+    f_group = slice_groups(forward)
+    b_group = f_group if backward is forward else slice_groups(backward)  # 1F1B plans share their groups
     counts = Counter(map(itemgetter(0), f_group))
     chains: dict[int, list[int]] = {}
     for sample_id, start in f_group:

@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import repeat
 from typing import Any
 
@@ -187,7 +188,9 @@ class SlimPackPlanner:
             items = np.array(bin_.items, dtype=np.intp)
             ids, lengths = self._ids[items], self._lengths[items]
             order = np.lexsort((ids, -lengths))  # longest first, then by id
-            self._laid_out[bin_.items] = list(map(Slice, ids[order].tolist(), repeat(0), lengths[order].tolist()))
+            # tuple.__new__ makes the slices in C (the named tuple's own constructor is Python)
+            whole = zip(ids[order].tolist(), repeat(0), lengths[order].tolist(), strict=False)
+            self._laid_out[bin_.items] = list(map(partial(tuple.__new__, Slice), whole))
         pieces = self._laid_out[bin_.items]
         rules = self.rules if shape.slicing else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
