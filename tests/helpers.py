@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from slimpack.config import Config, ParallelConfig, TrainConfig, build_config
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 
@@ -16,6 +18,13 @@ class UniformCost:
 
     def group_time(self, tokens, prefix, *, virtual_stage, backward, cp=None):
         return self.t_b if backward else self.t_f
+
+    def attention_terms(self, tokens, prefix, cp):
+        return np.zeros(len(tokens))
+
+    def cells_time(self, totals, attention, *, virtual_stage, backward, cp):
+        """Every cell costs a group's time (the simulator sums a group's cells)."""
+        return np.full(len(totals), self.group_time((), (), virtual_stage=virtual_stage, backward=backward))
 
     def p2p_time(self, tokens, *, from_stage, to_stage, cp=None):
         return 0.0

@@ -202,6 +202,7 @@ def test_a_pipeline_slower_than_its_shapes_score_is_rebuilt_with_another_shape()
     config = _config(pp=2, dp=2, context=32768)
     planner = SlimPackPlanner(config)
     batch = [Sample(id=i, length=n) for i, n in enumerate([30000, 20000, 9000, 7000] + [1500] * 40)]
+    planner.plan(batch, step=0)  # the planner keeps the step's batch for building pipelines
     bins = balance([float(s.length) for s in batch], 2, [])
     good = Shape(num_groups=8, backward=SYMMETRIC, slicing=True)
     slow = Shape(num_groups=1, backward=SYMMETRIC, slicing=False)  # one group: no pipelining at all

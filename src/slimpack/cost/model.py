@@ -111,21 +111,22 @@ class CostModel:
         return ChunkShape(self.chunk_layers[virtual_stage], virtual_stage == 0, virtual_stage == self.num_chunks - 1)
 
     # ---- time -----------------------------------------------------------------------------
-    def _layer_parts(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> tuple[float, float]:
-        """(GEMM, attention FLOPs over the forward rate) seconds of one layer's forward for a group,
-        on one device."""
-        eff = self.config.efficiency
-        total = float(tokens.sum())
-        if total <= 0:
-            return 0.0, 0.0
-        shards = self.tp * cp
-        gemm = self._lin / shards / self._gemm_rate * (total + cp * eff.gemm_half_tokens)
+    def attention_terms(self, tokens: np.ndarray, prefix: np.ndarray, cp: int) -> np.ndarray:
+        """Per attention segment, its causal pairs over its kernel efficiency (at ``tokens / cp``
+        query tokens per device): a group's attention time is proportional to their sum."""
         tok = tokens.astype(np.float64)
         pairs = tok * prefix + tok * (tok + 1.0) / 2.0
         local = tok / cp
-        attn = float(np.sum(pairs * (local + eff.attention_half_tokens) / local))
-        attn *= self._attn_per_pair / shards / self._attn_rate
-        return gemm, attn
+        return pairs * (local + self.config.efficiency.attention_half_tokens) / local
+
+    def _layer_parts(self, total, attention: float | np.ndarray, cp: int):
+        """(GEMM, attention FLOPs over the forward rate) seconds of one layer's forward for a group
+        of ``total`` tokens whose ``attention_terms`` sum to ``attention``, on one device; elementwise
+        over arrays of groups (the simulator costs all cells of a pipeline at once)."""
+        shards = self.tp * cp
+        # an empty group costs nothing (a mask keeps one formula for scalars and arrays)
+        gemm = self._lin / shards / self._gemm_rate * (total + cp * self.config.efficiency.gemm_half_tokens) * (total > 0)
+        return gemm, attention * (self._attn_per_pair / shards / self._attn_rate)
 
     def layer_collectives(self, tokens: float, *, backward: bool, cp: int | None = None) -> tuple[Collective, ...]:
         """The collectives one device runs for one layer's forward (or backward) of a group of
@@ -157,15 +158,26 @@ class CostModel:
 
     def _comm_time(self, tokens: float, *, backward: bool, cp: int) -> float:
         per_token, constant = self._comm_coefficients_of(backward, cp)
-        return per_token * tokens + constant if tokens > 0 else 0.0
+        return (per_token * tokens + constant) * (tokens > 0)
 
     def layer_time(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on one transformer layer's forward (or backward) of a group."""
         cp = cp or self.cp
+        total, attention = self._group_sums(tokens, prefix, cp)
+        return float(self._layer_seconds(total, attention, backward=backward, cp=cp))
+
+    def _group_sums(self, tokens: ArrayLike, prefix: ArrayLike, cp: int) -> tuple[float, float]:
+        """A group's token total and the sum of its ``attention_terms`` (0 for an empty group)."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        gemm, attn = self._layer_parts(tokens, np.asarray(prefix, dtype=np.float64), cp)
-        overhead = self.config.efficiency.layer_overhead_s
         total = float(tokens.sum())
+        if total <= 0:
+            return total, 0.0
+        return total, float(np.sum(self.attention_terms(tokens, np.asarray(prefix, dtype=np.float64), cp)))
+
+    def _layer_seconds(self, total, attention, *, backward: bool, cp: int):
+        """``layer_time`` from a group's token total and attention-term sum (elementwise on arrays)."""
+        gemm, attn = self._layer_parts(total, attention, cp)
+        overhead = self.config.efficiency.layer_overhead_s
         elementwise = self._elementwise * total / cp
         forward = overhead + gemm + attn + elementwise + self._comm_time(total, backward=False, cp=cp)
         if not backward:
@@ -184,13 +196,18 @@ class CostModel:
                    backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on the forward (or backward) of a group on a model chunk."""
         cp = cp or self.cp
+        total, attention = self._group_sums(tokens, prefix, cp)
+        return float(self.cells_time(total, attention, virtual_stage=virtual_stage, backward=backward, cp=cp))
+
+    def cells_time(self, totals, attention, *, virtual_stage: int, backward: bool, cp: int):
+        """``group_time`` of groups given by their token totals and ``attention_terms`` sums; on
+        arrays, of every group at once, equal bit for bit to one ``group_time`` call per group."""
         shape = self.chunk_shape(virtual_stage)
-        time = shape.num_layers * self.layer_time(tokens, prefix, backward=backward, cp=cp)
-        total = float(np.sum(tokens))
-        if shape.has_head and total > 0:
-            time += self.head_time(total, cp, backward)
-        if shape.has_embedding and total > 0:
-            time += self.embedding_time(total, cp)
+        time = shape.num_layers * self._layer_seconds(totals, attention, backward=backward, cp=cp)
+        if shape.has_head:
+            time = time + self.head_time(totals, cp, backward) * (totals > 0)
+        if shape.has_embedding:
+            time = time + self.embedding_time(totals, cp) * (totals > 0)
         return time
 
     def head_time(self, total: float, cp: int, backward: bool) -> float:

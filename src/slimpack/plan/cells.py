@@ -74,6 +74,8 @@ def pipeline_cells(forward: Sequence[Sequence[Slice]], backward: Sequence[Sequen
 def cell_runs(g: int, b: int, slices: Sequence[Slice], *, name: str = "pipeline") -> tuple[Run, ...]:
     """The attention segments of cell (g, b): each sample's slices in the cell must be consecutive
     (the slice between two of them would have to run backward both before and after them)."""
+    if len({s.sample_id for s in slices}) == len(slices):
+        return tuple(slices)  # one slice per sample: each is its own run (the common case, decided fast)
     per_sample: dict[int, list[Slice]] = {}
     for s in slices:
         per_sample.setdefault(s.sample_id, []).append(s)

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import accumulate
+from operator import itemgetter
 
 from slimpack.schedule.actions import Action, Order, SliceKey
+from slimpack.schedule.dag import slice_groups
 
 
 def gpipe(num_groups: int, pp: int) -> Order:
@@ -40,16 +43,9 @@ def backward_needs(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seq
     """For each backward group i, how many forward groups must have run before B_i on any stage:
     1 + the last forward group holding a slice of backward groups 0..i (a prefix maximum, because
     backward groups run in order)."""
-    group_of: dict[tuple[int, int], int] = {}
-    for g, group in enumerate(forward):
-        for sample_id, start, _ in group:
-            group_of[(sample_id, start)] = g
-    need, running = [], 0
-    for group in backward:
-        for sample_id, start, _ in group:
-            running = max(running, group_of[(sample_id, start)] + 1)
-        need.append(running)
-    return need
+    group_of = slice_groups(forward)
+    last_needed = [max(map(group_of.__getitem__, map(itemgetter(0, 1), group)), default=-1) + 1 for group in backward]
+    return list(accumulate(last_needed, max, initial=0))[1:]
 
 
 def chain_lookahead(need: Sequence[int]) -> int:

@@ -13,8 +13,11 @@ Must not import torch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import itemgetter
 
 from slimpack.errors import ScheduleError
 from slimpack.schedule.actions import Action, Order, SliceKey
@@ -74,12 +77,16 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
             source = input_source(kind, vstage, num_vstages)
             for group in range(len(groups)):
                 preds[(kind, group, vstage)] = [] if source is None else [((kind, group, source), P2P)]
-    # data dependencies between slices of one sample, on every virtual stage
-    f_group = {(sid, start): g for g, grp in enumerate(forward) for sid, start, _ in grp}
-    b_group = {(sid, start): g for g, grp in enumerate(backward) for sid, start, _ in grp}
+    # data dependencies between slices of one sample, on every virtual stage (the maps are built
+    # with C-level iterators: a pipeline holds thousands of slices and the simulator builds this
+    # graph for every candidate the planner scores)
+    f_group = slice_groups(forward)
+    b_group = f_group if backward is forward else slice_groups(backward)  # 1F1B plans share their groups
+    counts = Counter(map(itemgetter(0), f_group))
     chains: dict[int, list[int]] = {}
     for sample_id, start in f_group:
-        chains.setdefault(sample_id, []).append(start)
+        if counts[sample_id] > 1:  # a sample of one slice has no chain
+            chains.setdefault(sample_id, []).append(start)
     dep_pairs_f: set[tuple[int, int]] = set()
     dep_pairs_b: set[tuple[int, int]] = set()
     for sample_id, starts in chains.items():
@@ -97,9 +104,15 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
             preds[("F", after, vstage)].append((("F", before, vstage), DEP))
         for before, after in pairs_b:
             preds[("B", after, vstage)].append((("B", before, vstage), DEP))
-    for fg, bg in sorted({(f_group[key], b_group[key]) for key in f_group}):
+    for fg, bg in sorted(set(zip(f_group.values(), map(b_group.__getitem__, f_group), strict=True))):
         preds[("B", bg, last)].append((("F", fg, last), DEP))
     return preds
+
+
+def slice_groups(groups: Sequence[Sequence[SliceKey]]) -> dict[tuple[int, int], int]:
+    """(sample id, start) of each slice -> its group's index (built with C-level iterators)."""
+    keys = map(itemgetter(0, 1), chain.from_iterable(groups))
+    return dict(zip(keys, chain.from_iterable(repeat(g, len(group)) for g, group in enumerate(groups)), strict=True))
 
 
 def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,

@@ -23,14 +23,15 @@ Must not import torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from slimpack.config import Config
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.plan.cells import pipeline_cells
 from slimpack.plan.check import check_groups, schedule_graph
-from slimpack.plan.types import PipelinePlan, Plan
+from slimpack.plan.types import PipelinePlan, Plan, group_tokens
 from slimpack.schedule.dag import P2P
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
@@ -56,45 +57,81 @@ def group_cells(pipe: PipelinePlan, *, where: str = "pipeline") -> tuple[list[li
     return forward, backward
 
 
+class CellTable:
+    """A pipeline's cells as flat arrays (token total and attention-term sum per cell), so the cost
+    model prices every cell of the pipeline on a chunk in one call: the same values, bit for bit,
+    as one ``group_time`` call per cell (``group_cells``), at a fraction of the Python overhead."""
+
+    def __init__(self, pipe: PipelinePlan, cp: int, cost: CostModel, *, where: str) -> None:
+        self.cp = cp
+        tokens: list[int] = []
+        prefix: list[int] = []
+        firsts: list[int] = []  # index of each cell's first run
+        self.members: dict[str, list[list[int]]] = {"F": [], "B": [[] for _ in pipe.backward]}
+        """Per group, its cells: a forward group's in their order in the group, a backward group's
+        in forward-group order (as ``group_cells`` lists them)."""
+        for cells in pipeline_cells(pipe.forward, pipe.backward, name=where):
+            self.members["F"].append([])
+            for cell in cells:
+                self.members["F"][-1].append(len(firsts))
+                self.members["B"][cell.key[1]].append(len(firsts))
+                firsts.append(len(tokens))
+                for run in cell.runs:
+                    tokens.append(run.end - run.start)
+                    prefix.append(run.start)
+        run_tokens = np.array(tokens, dtype=np.int64)
+        starts = np.array(firsts, dtype=np.intp)
+        terms = cost.attention_terms(run_tokens, np.array(prefix, dtype=np.float64), cp)
+        # reduceat sums each cell's runs as np.sum does one cell's array (the same pairwise loop)
+        self.totals = np.add.reduceat(run_tokens, starts).astype(np.float64) if firsts else np.zeros(0)
+        self.attention = np.add.reduceat(terms, starts) if firsts else np.zeros(0)
+        totals = self.totals.tolist()
+        self.group_tokens = {kind: [int(sum(totals[c] for c in cells)) for cells in groups]
+                             for kind, groups in self.members.items()}
+        self.counts = tuple(tuple(len(cells) for cells in self.members[kind]) for kind in "FB")
+
+    def group_times(self, cost: CostModel, kind: str, vstage: int) -> list[float]:
+        """Per group of ``kind``, its time on ``vstage``: the sum of its cells' times."""
+        per_cell = cost.cells_time(self.totals, self.attention, virtual_stage=vstage, backward=kind == "B",
+                                   cp=self.cp).tolist()
+        return [sum(per_cell[c] for c in cells) for cells in self.members[kind]]
+
+
 class _PipelineRun:
     """Timeline and memory of one pipeline. Per-node values live in flat lists indexed by node id:
     the simulator's hot loops run over tens of thousands of nodes (see docs/sim-speed.md)."""
 
-    def __init__(self, plan: Plan, index: int, cost: CostModel) -> None:
+    def __init__(self, config: Config, pipe: PipelinePlan, index: int, cost: CostModel) -> None:
+        """``pipe``, pipeline ``index`` of a plan of ``config``."""
         self.index = index
-        pipe = plan.pipelines[index]
-        par = plan.config.parallel
+        par = config.parallel
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
-        self.fwd, self.bwd = group_cells(pipe, where=f"pipelines[{index}]")
-        group_tokens = {"F": [sum(int(t.sum()) for t, _ in cells) for cells in self.fwd],
-                        "B": [sum(int(t.sum()) for t, _ in cells) for cells in self.bwd]}
-        graph, topo = schedule_graph(pipe, plan.config, where=f"pipelines[{index}]")
+        self._cells = CellTable(pipe, self.cp, cost, where=f"pipelines[{index}]")
+        group_tokens = self._cells.group_tokens
+        graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
         self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
         self.tokens = [group_tokens[a.kind][a.group] for _, a in graph.nodes]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
         # (first chunk) and the head (last chunk)
-        self._layers = par.chunk_layers(plan.config.model.num_layers)
-        self._times: dict[tuple[str, int, int, bool, bool], float] = {}
-        self.duration = [self._group_time(cost, a.kind, a.group, v)
-                         for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
+        layers = par.chunk_layers(config.model.num_layers)
+        last = self.pp * self.chunks - 1
+        shapes = [(layers[v], v == 0, v == last) for v in range(last + 1)]
+        times: dict[tuple, list[float]] = {}
+        for v, shape in enumerate(shapes):
+            for kind in "FB":
+                if (kind, shape) not in times:
+                    times[(kind, shape)] = self._cells.group_times(cost, kind, v)
+        self.duration = [times[(a.kind, shapes[v])][a.group] for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
         self.start, self.end = self._timeline(cost, graph.preds, topo)
         self.device_end = [0.0] * self.pp
         for (device, _), end in zip(graph.nodes, self.end, strict=True):
             self.device_end[device] = max(self.device_end[device], end)
-        middle = (self.pp * self.chunks) // 2
-        self.group_times = (tuple(self._group_time(cost, "F", g, middle) for g in range(len(self.fwd))),
-                            tuple(self._group_time(cost, "B", g, middle) for g in range(len(self.bwd))))
-
-    def _group_time(self, cost: CostModel, kind: str, group: int, vstage: int) -> float:
-        key = (kind, group, self._layers[vstage], vstage == 0, vstage == self.pp * self.chunks - 1)
-        if key not in self._times:
-            cells = (self.fwd if kind == "F" else self.bwd)[group]
-            self._times[key] = sum(cost.group_time(tokens, prefix, virtual_stage=vstage, backward=kind == "B",
-                                                   cp=self.cp) for tokens, prefix in cells)
-        return self._times[key]
+        middle = shapes[(self.pp * self.chunks) // 2]
+        self.group_times = tuple(tuple(times[(kind, middle)]) for kind in "FB")
+        self.group_cells = self._cells.counts
 
     def _timeline(self, cost: CostModel, preds: list[list[tuple[int, int]]],
                   topo: list[int]) -> tuple[list[float], list[float]]:
@@ -164,6 +201,54 @@ class _PipelineRun:
                             times_s=tuple(times), live_bytes=tuple(live))
 
 
+def _ready(runs: Sequence[_PipelineRun], pp: int) -> list[float]:
+    """Per stage, when its last pipeline's last backward ends (the gradient all-reduce waits for it)."""
+    return [max((run.device_end[stage] for run in runs), default=0.0) for stage in range(pp)]
+
+
+def _step_end(ready: Sequence[float], cost: CostModel) -> float:
+    """The step's end: the latest stage's gradient all-reduce and optimizer step after ``ready``."""
+    return max((at + cost.grad_sync_time(stage) + cost.optimizer_time(stage) for stage, at in enumerate(ready)),
+               default=0.0)
+
+
+def step_time(plan: Plan, cost: CostModel | None = None, *, give_up_at: float = float("inf")) -> float:
+    """``simulate(plan, check=False).step_time_s``, bit for bit, without the spans and memory. A step
+    that cannot end before ``give_up_at`` may be given up early: the time returned is then at least
+    ``give_up_at`` (a lower bound of the step), after simulating only the pipelines that show it
+    (the most tokens first), which makes ruling out a slower candidate plan cheap."""
+    tokens = [sum(map(group_tokens, pipe.forward)) for pipe in plan.pipelines]
+    heavy_first = sorted(range(len(plan.pipelines)), key=lambda p: (-tokens[p], p))
+    return pipelines_step_time(plan.config, ((p, plan.pipelines[p]) for p in heavy_first), cost,
+                               give_up_at=give_up_at)
+
+
+def pipelines_step_time(config: Config, pipelines: Iterable[tuple[int, PipelinePlan]], cost: CostModel | None = None,
+                        *, give_up_at: float = float("inf")) -> float:
+    """``step_time`` of a plan of ``config`` made of ``pipelines`` (each with its index in the plan),
+    simulated one by one as the iterable yields them: a caller can build a candidate's pipelines
+    lazily and stop building as soon as the step is given up."""
+    cost = cost or CostModel(config)
+    pp = config.parallel.pp
+    runs: list[_PipelineRun] = []
+    for index, pipe in pipelines:
+        runs.append(_PipelineRun(config, pipe, index, cost))
+        end = _step_end(_ready(runs, pp), cost)  # only grows as pipelines are added
+        if end >= give_up_at:
+            return end
+    return _step_end(_ready(runs, pp), cost)
+
+
+def step_and_peak(plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:
+    """``simulate(plan, check=False)``'s step time and its highest peak memory of any device
+    (``max(peak_memory_bytes)``), bit for bit, without building the spans: what a planner scores a
+    candidate on."""
+    cost = cost or CostModel(plan.config)
+    runs = [_PipelineRun(plan.config, pipe, p, cost) for p, pipe in enumerate(plan.pipelines)]
+    peak = max((m.peak_bytes for run in runs for m in run.memory(cost)), default=0.0)
+    return _step_end(_ready(runs, plan.config.parallel.pp), cost), peak
+
+
 def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
              document_lengths: Sequence[int] | None = None) -> SimResult:
     """Simulate one step of ``plan``. ``check`` runs the plan checker first (the default).
@@ -176,19 +261,18 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
         check_groups(plan)  # the schedule's checks run as each pipeline's graph is built
     config = plan.config
     par = config.parallel
-    runs = [_PipelineRun(plan, p, cost) for p in range(len(plan.pipelines))]
+    runs = [_PipelineRun(plan.config, pipe, p, cost) for p, pipe in enumerate(plan.pipelines)]
     spans: list[Span] = [span for run in runs for span in run.spans()]
     busy = sum(run.width * sum(run.duration) for run in runs)
     compute_end = max((span.end_s for span in spans), default=0.0)
-    step_time = 0.0
+    ready = _ready(runs, par.pp)
     for stage in range(par.pp):
-        ready = max((run.device_end[stage] for run in runs), default=0.0)
         sync = cost.grad_sync_time(stage)
         optim = cost.optimizer_time(stage)
         for run in runs:
-            spans.append(Span(run.index, stage, "sync", -1, 0, ready, ready + sync, 0))
-            spans.append(Span(run.index, stage, "optim", -1, 0, ready + sync, ready + sync + optim, 0))
-        step_time = max(step_time, ready + sync + optim)
+            spans.append(Span(run.index, stage, "sync", -1, 0, ready[stage], ready[stage] + sync, 0))
+            spans.append(Span(run.index, stage, "optim", -1, 0, ready[stage] + sync, ready[stage] + sync + optim, 0))
+    step_time = _step_end(ready, cost)
     stage_devices = par.pp * par.dp
     work = busy / stage_devices
     run_lengths = np.asarray([s.length for s in plan.trained_samples], dtype=np.float64)
@@ -211,6 +295,6 @@ def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,
         oom=any(p > capacity for p in peak),
         forward_group_times_s=tuple(run.group_times[0] for run in runs),
         backward_group_times_s=tuple(run.group_times[1] for run in runs),
-        forward_group_cells=tuple(tuple(len(cells) for cells in run.fwd) for run in runs),
-        backward_group_cells=tuple(tuple(len(cells) for cells in run.bwd) for run in runs),
+        forward_group_cells=tuple(run.group_cells[0] for run in runs),
+        backward_group_cells=tuple(run.group_cells[1] for run in runs),
         spans=tuple(spans), memory=memory)

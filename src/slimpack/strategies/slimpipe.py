@@ -18,8 +18,10 @@ in for what it achieves: every slice of a sequence takes about the same time. Mu
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from itertools import accumulate
 
 import numpy as np
 
@@ -66,14 +68,17 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
         picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
         nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
         cuts = sorted({0, total, *(int(positions[p - 1 if back else p]) for p, back in zip(picks, nearer, strict=True))})
+    offsets = [0, *accumulate(s.tokens for s in sequence)]  # where each document starts in the sequence
     groups: list[Group] = []
     for a, b in zip(cuts, cuts[1:], strict=False):
-        pieces, offset = [], 0
-        for s in sequence:
+        pieces = []
+        k = bisect_right(offsets, a) - 1  # the document chunk [a, b) starts in
+        while k < len(sequence) and offsets[k] < b:
+            s, offset = sequence[k], offsets[k]
             lo, hi = max(a, offset), min(b, offset + s.tokens)
             if lo < hi:
                 pieces.append(Slice(s.sample_id, s.start + lo - offset, s.start + hi - offset))
-            offset += s.tokens
+            k += 1
         groups.append(tuple(pieces))
     return groups
 
@@ -94,19 +99,24 @@ class SlimPipePlanner:
         self.slice_cost: SliceCost = lambda tokens, prefix: forward(tokens, prefix) + backward(tokens, prefix)
 
     def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int) -> Plan:
-        par = self.config.parallel
-        pipelines = []
-        for replica in range(par.dp):
-            chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
-                      for seq in sequences[replica::par.dp]]
-            forward = tuple(g for seq in chunks for g in seq)
-            backward = tuple(g for seq in chunks for g in reversed(seq))
-            pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)
-            if n > 1:
-                pipe = replace(pipe, order=slice_1f1b(len(forward), par.pp, n))
-            pipelines.append(pipe)
+        """The plan of ``sequences`` (dealt round-robin over the replicas) at ``n`` slices."""
+        pipelines = [self.pipeline(sequences, replica, n) for replica in range(self.config.parallel.dp)]
+        return self.assemble(samples, pipelines, n, step)
+
+    def assemble(self, samples: Sequence[Sample], pipelines: Sequence[PipelinePlan], n: int, step: int) -> Plan:
+        """The plan of ``pipelines`` (one per replica, in replica order) at ``n`` slices."""
         return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=tuple(pipelines), info={"num_slices": n})
+
+    def pipeline(self, sequences: Sequence[Sequence[Slice]], replica: int, n: int) -> PipelinePlan:
+        """Replica ``replica``'s pipeline: its sequences, each cut into ``n`` slices."""
+        par = self.config.parallel
+        chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
+                  for seq in sequences[replica::par.dp]]
+        forward = tuple(g for seq in chunks for g in seq)
+        backward = tuple(g for seq in chunks for g in reversed(seq))
+        pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)
+        return replace(pipe, order=slice_1f1b(len(forward), par.pp, n)) if n > 1 else pipe
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         samples, sequences = pack_fixed_length(batch, self.config.train.max_context)

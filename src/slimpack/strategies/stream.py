@@ -45,6 +45,8 @@ class PlannedStep:
     plan: Plan
     planner_time_s: float
     """Wall time of the planner call alone."""
+    planner_cpu_s: float = 0.0
+    """CPU time of the planner call alone (on a shared machine, its wall time less the waits)."""
     sources: Mapping[int, DocumentChunk]
     """Plan sample id -> the sampler's sample (document, chunk) of the samples this step trains; a
     piece a strategy cut off a document itself (``fixed`` at a sequence boundary) has none."""
@@ -135,13 +137,13 @@ class PlanStream:
         failed step's samples are then lost to this stream, as they would be to a training run)."""
         step = self.step
         self.step += 1
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         plan = self.planner.plan([sample for sample, _ in new.values()], step=step)
-        elapsed = time.perf_counter() - began
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
         known = self._held | new
         sources = {s.id: known[s.id][1] for s in plan.trained_samples if s.id in known}
         self._held = {sid: known[sid] for sid in plan.deferred}
-        return PlannedStep(step=step, plan=plan, planner_time_s=elapsed, sources=sources,
+        return PlannedStep(step=step, plan=plan, planner_time_s=elapsed, planner_cpu_s=cpu, sources=sources,
                            arrived=tuple(sample for sample, _ in new.values()), drain=drain)
 
     # ---- seeking and checkpoints ---------------------------------------------------------------

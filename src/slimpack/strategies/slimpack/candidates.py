@@ -15,12 +15,14 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
-from slimpack.plan.types import Plan, Sample
-from slimpack.sim import simulate
+from slimpack.plan.types import PipelinePlan, Plan, Sample, group_tokens
+from slimpack.sim import pipelines_step_time, step_time
 from slimpack.strategies.base import cut_to_context, whole
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -71,11 +73,29 @@ def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
     return plans
 
 
-def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A whole-document candidate plan whose pipelines are built one at a time, so that building
+    stops as soon as the simulation of those built rules the plan out (the step ends after every
+    pipeline's last backward: a plan is at least as slow as any of its pipelines alone)."""
+
+    pipelines: Callable[[], Iterator[tuple[int, PipelinePlan]]]
+    """Its pipelines, each with its index in the plan, built as they are asked for."""
+    assemble: Callable[[list[PipelinePlan]], Plan]
+    """The plan of all its pipelines (given in plan order)."""
+
+    @staticmethod
+    def of(plan: Plan) -> Candidate:
+        """A candidate already planned."""
+        return Candidate(pipelines=lambda: enumerate(plan.pipelines), assemble=lambda _: plan)
+
+
+def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Candidate]:
     """SlimPipe's slice-level 1F1B over whole documents: best-fit-decreasing sequences (each within
     the context), heaviest first dealt round-robin over the replicas, each cut into n equal-token
     slices (n > 1). Where memory is tight this holds far fewer activations than 1F1B over whole
-    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary."""
+    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary. Their pipelines
+    are built the most tokens first (the likeliest to rule a candidate out)."""
     from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
 
     if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
@@ -87,19 +107,42 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Pl
     flops = [sum(float(model_training_flops(config.model, samples[i].length)) for i in b) for b in bins]
     order = sorted(range(len(bins)), key=lambda b: (-flops[b], b))
     sequences = [[whole(samples[i]) for i in bins[b]] for b in order]
-    return [planner.build(samples, sequences, n, step) for n in planner.candidates if n > 1]
+    dp = config.parallel.dp
+    tokens = [sum(map(group_tokens, sequences[r::dp])) for r in range(dp)]
+    heavy_first = sorted(range(dp), key=lambda r: (-tokens[r], r))
+
+    def pipelines(n: int) -> Iterator[tuple[int, PipelinePlan]]:
+        return ((r, planner.pipeline(sequences, r, n)) for r in heavy_first)
+
+    return [Candidate(pipelines=partial(pipelines, n), assemble=partial(planner.assemble, samples, n=n, step=step))
+            for n in planner.candidates if n > 1]
 
 
-def fastest_fitting(plans: Sequence[Plan], cost: CostModel) -> tuple[Plan, float] | None:
-    """The plan of ``plans`` that fits in memory with the shortest simulated step, and that step's
-    time (the first of equals; None if none fits)."""
+def fastest_fitting(candidates: Sequence[Candidate], cost: CostModel, *, beat: float = float("inf")
+                    ) -> tuple[Plan, float] | None:
+    """The candidate plan that fits in memory with the shortest simulated step, and that step's
+    time (the first of equals; None if none fits). Only plans faster than ``beat`` count: a plan is
+    given up as soon as its simulation (or its probe's) shows it cannot beat that or the fastest so
+    far."""
     best: tuple[Plan, float] | None = None
-    for plan in plans:
+    for candidate in candidates:
+        bar = beat if best is None else best[1]  # a best so far is faster than ``beat``
+        built: dict[int, PipelinePlan] = {}
+        time_s = pipelines_step_time(cost.config, _kept(candidate.pipelines(), built), cost, give_up_at=bar)
+        if time_s >= bar:
+            continue
+        plan = candidate.assemble([built[p] for p in sorted(built)])
         if plan_fits(plan, cost):
-            time_s = simulate(plan, cost, check=False).step_time_s
-            if best is None or time_s < best[1]:
-                best = (plan, time_s)
+            best = (plan, time_s)
     return best
+
+
+def _kept(pipelines: Iterator[tuple[int, PipelinePlan]], into: dict[int, PipelinePlan]
+          ) -> Iterator[tuple[int, PipelinePlan]]:
+    """``pipelines``, each also kept in ``into`` by its index as it goes by."""
+    for index, pipe in pipelines:
+        into[index] = pipe
+        yield index, pipe
 
 
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
@@ -109,12 +152,16 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     skipped when the lead is clear and memory is not tight. Raises a ``UserError`` when nothing
     fits."""
     if fitting:
-        tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
-        if len(batch) > CANDIDATES_MAX_SAMPLES or (lead < 1 - CLEAR_LEAD and not tight):
+        if len(batch) > CANDIDATES_MAX_SAMPLES:
             return plan
-    found = fastest_fitting([*baseline_plans(batch, plan.step, plan.config),
-                             *sliced_sequence_plans(batch, plan.step, plan.config)], cost)
-    if fitting and (found is None or found[1] >= simulate(plan, cost, check=False).step_time_s):
+        tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
+        if lead < 1 - CLEAR_LEAD and not tight:
+            return plan
+    # a candidate replaces a fitting plan only if it is strictly faster
+    planned = [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
+    found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
+                            beat=step_time(plan, cost) if fitting else float("inf"))
+    if fitting and found is None:
         return plan
     if found is None:
         raise no_plan_fits(plan, cost)

@@ -11,9 +11,14 @@ Must not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import reduce
+from itertools import accumulate, chain
+from operator import sub
 
 import numpy as np
 
@@ -66,13 +71,18 @@ def best_cut(piece: Slice, need: float, cost: SliceCost, rules: CutRules, *, fro
     return (lo + a) * rules.align if not from_end else (hi - a) * rules.align
 
 
-def total_cost(pieces: Sequence[Slice], cost: SliceCost) -> float:
-    """Σ cost of ``pieces``, in one vectorised call (cost functions are plain arithmetic)."""
+def piece_costs(pieces: Sequence[Slice], cost: SliceCost) -> np.ndarray:
+    """cost of each of ``pieces``, in one vectorised call: cost functions are plain arithmetic, and
+    on float64 arrays of integer positions they give, bit for bit, what one call per piece gives."""
     if not pieces:
-        return 0.0
-    starts = np.fromiter((p.start for p in pieces), dtype=np.float64, count=len(pieces))
-    ends = np.fromiter((p.end for p in pieces), dtype=np.float64, count=len(pieces))
-    return float(np.sum(cost(ends - starts, starts)))
+        return np.zeros(0)
+    _, starts, ends = np.fromiter(chain.from_iterable(pieces), dtype=np.float64, count=3 * len(pieces)).reshape(-1, 3).T
+    return cost(ends - starts, starts)
+
+
+def total_cost(pieces: Sequence[Slice], cost: SliceCost) -> float:
+    """Σ cost of ``pieces``."""
+    return float(np.sum(piece_costs(pieces, cost)))
 
 
 def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
@@ -85,62 +95,92 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
     efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
     pass with the first pass's actual total removes that drift."""
     assert num_groups >= 1
-    first = _cut(pieces, num_groups, cost, rules, from_end, None)
+    costs = piece_costs(pieces, cost)
+    # the estimate sums the whole pieces last first, as this pass always has (the same float)
+    estimate = float(np.sum(np.ascontiguousarray(costs[::-1])))
+    first = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, estimate)
     actual = total_cost([s for group in first for s in group], cost)
-    return _cut(pieces, num_groups, cost, rules, from_end, actual)
+    return _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, actual)
 
 
-def _cut(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, from_end: bool,
-         total: float | None) -> list[list[Slice]]:
-    queue = list(pieces)
-    queue.reverse()  # pop() from the end = next piece in order
-    # what the groups still to form should cost together (estimated from whole pieces in pass 1)
-    remaining = total_cost(queue, cost) if total is None else total
+def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: SliceCost, rules: CutRules,
+         from_end: bool, remaining: float) -> list[list[Slice]]:
+    """One pass: ``costs`` are the pieces' (the head piece's changes where it is cut), ``remaining``
+    what the groups still to form should cost together."""
+    sequence = list(pieces)
+    at = 0  # the next piece
     groups: list[list[Slice]] = []
     cut_samples: set[int] = set()
     linked = 0  # tokens of the run of linked groups the current group continues (0: it starts one)
+    no_cut = dataclasses.replace(rules, can_cut=False)
     for g in range(num_groups):
-        if not queue:
+        if at == len(sequence):
             break
         if g == num_groups - 1:
-            groups.append(queue[::-1])
+            groups.append(sequence[at:])
             break
         budget = remaining / (num_groups - g)
-        group: list[Slice] = []
-        filled = 0.0
-        chain_end = False  # the group holds the last slice of a cut sample
-        while queue:
-            piece = queue[-1]
-            whole = cost(piece.end - piece.start, piece.start)
-            if filled + whole <= budget:
-                chain_end |= piece.sample_id in cut_samples
-                group.append(queue.pop())
-                filled += whole
-                remaining -= whole
-                continue
-            # the piece overflows: close the group without it, take it whole, or cut it,
-            # whichever leaves the group closest to its budget (ties: no cut)
-            leave_gap = budget - filled if group else float("inf")
-            take_gap = filled + whole - budget
-            links = chain_end and piece.sample_id not in cut_samples
+        # whole pieces while they fit, found with running sums in C (the same additions, in the
+        # same order, as adding one piece at a time)
+        taken_whole, filled = _whole_pieces_within(costs, at, budget)
+        group = sequence[at:at + taken_whole]
+        remaining = _subtract_each(remaining, costs[at:at + taken_whole])
+        at += taken_whole
+        ends_cut = False
+        if at < len(sequence):
+            piece = sequence[at]
+            # cutting a new sample in a group that holds the last slice of a cut one links their chains
+            links = piece.sample_id not in cut_samples and any(s.sample_id in cut_samples for s in group)
             held = linked + sum(s.tokens for s in group) + piece.tokens
-            t = None if links and held > rules.max_linked_tokens else best_cut(
-                piece, budget - filled, cost, rules, from_end=from_end)
-            cut_gap = float("inf")
-            if t is not None:
-                head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
-                taken, kept = (tail, head) if from_end else (head, tail)
-                cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
-            if cut_gap < min(leave_gap, take_gap):
-                queue[-1] = kept
-                cut_samples.add(piece.sample_id)
+            taken, kept = overflow(piece, costs[at], filled, budget, bool(group), cost,
+                                   no_cut if links and held > rules.max_linked_tokens else rules, from_end)
+            if taken is not None:
                 group.append(taken)
-                remaining -= cost(taken.tokens, taken.start)
-            elif take_gap < leave_gap:
-                group.append(queue.pop())
-                remaining -= whole
-            break
-        ends_cut = bool(queue) and group[-1].sample_id == queue[-1].sample_id
+                remaining -= costs[at] if kept is None else cost(taken.tokens, taken.start)
+            if kept is None:
+                at += 1
+            elif taken is not None:
+                sequence[at], costs[at] = kept, cost(kept.tokens, kept.start)
+                cut_samples.add(piece.sample_id)
+                ends_cut = True
         linked = linked + sum(s.tokens for s in group) if ends_cut else 0
         groups.append(group)
     return groups
+
+
+def overflow(piece: Slice, whole: float, filled: float, budget: float, started: bool, cost: SliceCost,
+             rules: CutRules, from_end: bool) -> tuple[Slice | None, Slice | None]:
+    """The piece (of cost ``whole``) that overflows a group filled to ``filled`` of ``budget``
+    (``started``: the group holds something): close the group without it, take it whole, or cut
+    it, whichever leaves the group closest to its budget (ties: no cut). (what the group takes,
+    what stays for the next group): (None, piece), (piece, None) or the two parts of a cut."""
+    leave_gap = budget - filled if started else float("inf")
+    take_gap = filled + whole - budget
+    t = best_cut(piece, budget - filled, cost, rules, from_end=from_end)
+    cut_gap = float("inf")
+    if t is not None:
+        head, tail = Slice(piece.sample_id, piece.start, t), Slice(piece.sample_id, t, piece.end)
+        taken, kept = (tail, head) if from_end else (head, tail)
+        cut_gap = abs(filled + cost(taken.tokens, taken.start) - budget)
+    if cut_gap < min(leave_gap, take_gap):
+        return taken, kept
+    if take_gap < leave_gap:
+        return piece, None
+    return None, piece
+
+
+def _whole_pieces_within(costs: list[float], at: int, budget: float) -> tuple[int, float]:
+    """How many pieces from ``at`` on fit in ``budget`` one after another, and their cost (summed
+    from 0.0, piece after piece)."""
+    window = 32
+    while True:
+        running = list(accumulate(costs[at:at + window]))  # non-decreasing: costs are positive
+        count = bisect_right(running, budget)
+        if count < len(running) or at + window >= len(costs):
+            return count, (running[count - 1] if count else 0.0)
+        window *= 4
+
+
+def _subtract_each(total: float, costs: list[float]) -> float:
+    """``total`` less each of ``costs`` in turn (a running total's rounding, not the sum's)."""
+    return reduce(sub, costs, total)

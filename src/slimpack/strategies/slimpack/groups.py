@@ -6,7 +6,9 @@ Must not import torch.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Sequence
+from operator import itemgetter
 
 from slimpack.plan.types import Group, Slice
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
@@ -17,9 +19,11 @@ def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
     occupy: the order in which backward can consume them (a sample's later slices first) while
     staying close to forward order."""
     flat = [s for group in forward for s in group]
+    counts = Counter(map(itemgetter(0), flat))
     positions: dict[int, list[int]] = {}
     for k, s in enumerate(flat):
-        positions.setdefault(s.sample_id, []).append(k)
+        if counts[s.sample_id] > 1:  # a sample of one slice stays where it is
+            positions.setdefault(s.sample_id, []).append(k)
     out = list(flat)
     for places in positions.values():
         for k, source in zip(places, reversed(places), strict=True):
@@ -48,6 +52,8 @@ def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, list[int]]) -> tup
 def _canonical(group: Sequence[Slice]) -> Group:
     """Slices of one sample inside a group are listed in data order (the runtime reverses them in
     backward); the order of different samples is kept."""
+    if len({s.sample_id for s in group}) == len(group):
+        return tuple(group)  # one slice per sample: already in that order
     order = {}
     for s in group:
         order.setdefault(s.sample_id, len(order))
@@ -91,17 +97,13 @@ def symmetric_backward(forward: Sequence[Group]) -> tuple[Group, ...]:
 def formations(forward: Sequence[Group]) -> tuple[str, ...]:
     """slim: pieces of one sample that spans several groups; pack: only samples entirely inside
     the group; mix: anything else (a sliced sample's piece plus other samples)."""
-    groups_of: dict[int, set[int]] = {}
-    for g, group in enumerate(forward):
-        for s in group:
-            groups_of.setdefault(s.sample_id, set()).add(g)
+    ids = [{s.sample_id for s in group} for group in forward]
+    groups_of = Counter(sid for group_ids in ids for sid in group_ids)  # groups holding each sample
     out = []
-    for group in forward:
-        ids = {s.sample_id for s in group}
-        split = {sid for sid in ids if len(groups_of[sid]) > 1}
-        if not split:
+    for group_ids in ids:
+        if all(groups_of[sid] == 1 for sid in group_ids):
             out.append("pack")
-        elif len(ids) == 1:
+        elif len(group_ids) == 1:
             out.append("slim")
         else:
             out.append("mix")

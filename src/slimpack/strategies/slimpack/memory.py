@@ -13,29 +13,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from slimpack.config import Config
 from slimpack.cost import CostModel
-from slimpack.plan.types import Action, PipelinePlan
+from slimpack.plan.types import Action, PipelinePlan, group_tokens
 
 
 def stage_peak_bytes(pipeline: PipelinePlan, order: Sequence[Sequence[Action]], config: Config,
                      cost: CostModel) -> list[float]:
     """Per device of ``pipeline``: the peak bytes the simulator charges it for ``order``."""
     pp = config.parallel.pp
-    forward_tokens = [sum(s.tokens for s in g) for g in pipeline.forward]
-    backward_tokens = [sum(s.tokens for s in g) for g in pipeline.backward]
+    tokens = {"F": list(map(group_tokens, pipeline.forward)), "B": list(map(group_tokens, pipeline.backward))}
     peaks = []
     for device, actions in enumerate(order):
-        held = peak = 0.0
-        for action in actions:
-            vstage = action.chunk * pp + device
-            tokens = (forward_tokens if action.kind == "F" else backward_tokens)[action.group]
-            kept = cost.activation_bytes(tokens, virtual_stage=vstage, cp=pipeline.cp)
-            if action.kind == "F":
-                held += kept  # kept from the forward's start
-            peak = max(peak, held + cost.working_bytes(tokens, cp=pipeline.cp))
-            if action.kind == "B":
-                held -= kept  # freed at the backward's end
+        # the device's actions as arrays: the cost model's byte counts are plain arithmetic, and a
+        # cumulative sum adds the same terms in the same order as a running total would
+        size = np.array([tokens[a.kind][a.group] for a in actions], dtype=np.float64)
+        forward = np.array([a.kind == "F" for a in actions], dtype=bool)
+        chunk = np.array([a.chunk for a in actions], dtype=np.int64)
+        kept = np.zeros(len(actions))
+        for c in np.unique(chunk).tolist():
+            mine = chunk == c
+            kept[mine] = cost.activation_bytes(size[mine], virtual_stage=c * pp + device, cp=pipeline.cp)
+        steps = np.zeros(2 * len(actions))
+        steps[0::2] = np.where(forward, kept, 0.0)  # kept from the forward's start
+        steps[1::2] = np.where(forward, 0.0, -kept)  # freed at the backward's end
+        held = np.cumsum(steps)[0::2]  # held while each action runs
+        peak = max(0.0, float((held + cost.working_bytes(size, cp=pipeline.cp)).max(initial=0.0)))
         peaks.append(cost.model_state_bytes(device) + peak)
     return peaks
 

@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class Bin:
@@ -39,12 +41,15 @@ that is wide enough."""
     share = sum(costs) / dp
     merges: list[tuple[int, int]] = []
     used = 0
-    # memory-bound items first (they cannot run otherwise), then outliers by cost
-    by_need = sorted(range(len(costs)), key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
+    # memory-bound items first (they cannot run otherwise), then outliers by cost; an item that is
+    # neither would end the loop below, so only these are sorted
+    outlier = merge_share * share
+    needy = [i for i in range(len(costs)) if min_ways[i] > 1 or costs[i] / outlier > 1]
+    by_need = sorted(needy, key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
     for item in by_need:
         if min_ways[item] > dp - used:
             continue  # too few replicas left for it: ``balance`` puts it on a wide enough merged pipeline
-        ways = min(max(min_ways[item], math.ceil(costs[item] / (merge_share * share))), dp - used)
+        ways = min(max(min_ways[item], math.ceil(costs[item] / outlier)), dp - used)
         if ways <= 1:
             break  # memory-bound items came first, the rest by cost: no later item is an outlier
         merges.append((item, ways))
@@ -84,13 +89,18 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
         heaps.setdefault(w, []).append((loads[b], b))
     for heap in heaps.values():
         heapq.heapify(heap)
-    for item in sorted((i for i in range(len(costs)) if i not in merged), key=lambda i: (-costs[i], i)):
-        wide_enough = [w for w in heaps if len(bins_replicas[heaps[w][0][1]]) >= need[item]]
-        w = min(wide_enough, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
-        load, target = heapq.heappop(heaps[w])
+    heaviest_first = np.argsort(-np.asarray(costs, dtype=np.float64), kind="stable").tolist()  # ties: lower index first
+    only = next(iter(heaps)) if len(heaps) == 1 else None  # one pipeline width: every bin is wide enough
+    for item in (i for i in heaviest_first if i not in merged):
+        if only is not None:
+            w = only
+        else:
+            wide_enough = [w for w in heaps if len(bins_replicas[heaps[w][0][1]]) >= need[item]]
+            w = min(wide_enough, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
+        load, target = heaps[w][0]
         members[target].append(item)
         loads[target] = load + costs[item]
-        heapq.heappush(heaps[w], (loads[target], target))
+        heapq.heapreplace(heaps[w], (loads[target], target))  # pop the lightest, push it back heavier
     _improve(costs, members, loads, width, merged, need, [len(r) for r in bins_replicas])
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 

@@ -24,11 +24,15 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 from typing import Any
+
+import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
-from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, runs
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, runs
 from slimpack.schedule.builders import (
     backward_needs,
     chain_lookahead,
@@ -36,7 +40,7 @@ from slimpack.schedule.builders import (
     interleaved_1f1b,
 )
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
-from slimpack.sim import simulate
+from slimpack.sim import step_and_peak
 from slimpack.strategies.slimpack.candidates import safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
@@ -94,6 +98,10 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._laid_out: dict[tuple[int, ...], list[Slice]] = {}
+        """A bin's samples laid out longest first as whole slices (every shape cuts that sequence)."""
+        self._ids = self._lengths = np.zeros(0, dtype=np.int64)
+        """This step's sample ids and lengths, by index in the batch."""
         self._seed: Shape | None = None
         """The previous step's winning shape, which seeds this step's search."""
 
@@ -192,12 +200,18 @@ class SlimPackPlanner:
                       milp: MilpBudget | None) -> PipelinePlan:
         """The pipeline ``shape`` asks for: the bin's samples cut into forward groups, regrouped
         for backward (symmetric, asymmetric or bounded), with the MILP's refinement when given."""
-        members = sorted((samples[i] for i in bin_.items), key=lambda s: (-s.length, s.id))
         cp = self.config.parallel.cp * len(bin_.replicas)
-        if not members:  # more replicas than samples: this one only joins the gradient all-reduce
+        if not bin_.items:  # more replicas than samples: this one only joins the gradient all-reduce
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
-        pieces = [Slice(s.id, 0, s.length) for s in members]
+        if bin_.items not in self._laid_out:
+            items = np.array(bin_.items, dtype=np.intp)
+            ids, lengths = self._ids[items], self._lengths[items]
+            order = np.lexsort((ids, -lengths))  # longest first, then by id
+            # tuple.__new__ makes the slices in C (the named tuple's own constructor is Python)
+            whole = zip(ids[order].tolist(), repeat(0), lengths[order].tolist(), strict=False)
+            self._laid_out[bin_.items] = list(map(partial(tuple.__new__, Slice), whole))
+        pieces = self._laid_out[bin_.items]
         rules = dataclasses.replace(self.rules, max_linked_tokens=self._linked_cap(cp)) if shape.slicing \
             else dataclasses.replace(self.rules, can_cut=False)
         forward_cost, backward_cost = self._slice_costs(shape.head_weight)
@@ -225,8 +239,8 @@ class SlimPackPlanner:
             if forward == backward and len(forward) % par.pp == 0:
                 return interleaved_1f1b(len(forward), par.pp, par.virtual_stages)
             return interleaved_order(forward, backward, cp=cp, config=self.config, cost=self.cost)
-        forward_tokens = [sum(s.tokens for s in g) for g in forward]
-        backward_tokens = [sum(s.tokens for s in g) for g in backward]
+        forward_tokens = list(map(group_tokens, forward))
+        backward_tokens = list(map(group_tokens, backward))
         caps = activation_cap_tokens(self.config, self.cost, cp=cp,
                                      largest_group_tokens=max(forward_tokens + backward_tokens))
         return dependency_aware(backward_needs(forward, backward), num_forward=len(forward),
@@ -243,8 +257,8 @@ class SlimPackPlanner:
         members = [samples[i] for b, _ in pipelines for i in b.items]
         plan = Plan(config=self.config, strategy=self.name, samples=tuple(members),
                     pipelines=tuple(pipe for _, pipe in pipelines))
-        result = simulate(plan, self.cost, check=False)
-        return not result.oom, result.step_time_s, max(result.peak_memory_bytes)
+        step_s, peak = step_and_peak(plan, self.cost)
+        return peak <= self.config.cluster.usable_memory_bytes, step_s, peak
 
     def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> Score:
         """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``."""
@@ -254,8 +268,9 @@ class SlimPackPlanner:
         """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
         ones with the longest sample or the most tokens (peak memory)."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
-        tokens_of = [sum(samples[i].length for i in b.items) / len(b.replicas) for b in bins]
-        longest = [max((samples[i].length for i in b.items), default=0) / len(b.replicas) for b in bins]
+        held = [self._lengths[list(b.items)] for b in bins]
+        tokens_of = [int(h.sum()) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
+        longest = [int(h.max(initial=0)) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
         merged = {b for b in range(len(bins)) if len(bins[b].replicas) > 1}  # their speed is estimated
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
@@ -274,7 +289,7 @@ class SlimPackPlanner:
         scored_bins = self._scored_bins(bins, samples)
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
-        tokens = max(sum(samples[i].length for i in b.items) for b in bins)
+        tokens = max(int(self._lengths[list(b.items)].sum()) for b in bins)
         limit = max(1, min(tokens // self.rules.min_slice + most_samples, 64 * pp))
         scores: dict[Shape, Score] = {}
 
@@ -378,26 +393,29 @@ class SlimPackPlanner:
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
         self._built.clear()  # keys hold indices into this step's batch
+        self._laid_out.clear()
         samples = list(batch)
         par = self.config.parallel
         knobs = self.config.planner
         forward_cost, backward_cost = self._slice_costs(0.0)
-        costs = [forward_cost(s.length, 0) + backward_cost(s.length, 0) for s in samples]
+        self._ids = np.array([s.id for s in samples], dtype=np.int64)
+        self._lengths = np.array([s.length for s in samples], dtype=np.int64)
+        lengths = self._lengths.astype(np.float64)
+        costs = (forward_cost(lengths, 0.0) + backward_cost(lengths, 0.0)).tolist()  # as per sample, bit for bit
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         holds = self._longest_held()
-        min_ways = [next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp)
-                    if knobs.use_dp_merge else 1 for s in samples]
+        min_ways = [1 if s.length <= holds[0] or not knobs.use_dp_merge else
+                    next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp) for s in samples]
         best = None
         tried = 0
-        layouts: set[tuple] = set()
+        tried_merges: list[list[tuple[int, int]]] = []
         seed = self._seed if step % FULL_SEARCH_EVERY else None
         for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
             merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
+            if merges in tried_merges:
+                continue  # this threshold merges nothing new (phase 1 would give the same bins)
+            tried_merges.append(merges)
             bins = balance(loads, par.dp, merges, min_ways=min_ways)
-            layout = tuple((b.replicas, b.items) for b in bins)
-            if layout in layouts:
-                continue  # this threshold merges nothing new
-            layouts.add(layout)
             scores = self._search(bins, samples, seed)
             tried += len(scores)
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
@@ -413,12 +431,13 @@ class SlimPackPlanner:
         self._seed = shape
         ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
-        pipelines, fallbacks = [], 0
+        pipelines, fallbacks, fitting = [], 0, True
         for bin_ in bins:
             pipe = self._best_pipeline(bin_, samples, shape, milp)
             if not self._fits(pipe):
-                pipe = next((p for p in (self._memo_pipeline(bin_, samples, s) for s in self._fallbacks(shape, ranked))
-                             if self._fits(p)), pipe)
+                found = next((p for p in (self._memo_pipeline(bin_, samples, s) for s in self._fallbacks(shape, ranked))
+                              if self._fits(p)), None)
+                pipe, fitting = (pipe, False) if found is None else (found, fitting)
                 fallbacks += 1
             pipelines.append(pipe)
         pipelines, reshaped = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1])
@@ -436,7 +455,7 @@ class SlimPackPlanner:
         info["step_over_whole_samples"] = lead
         plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=tuple(pipelines), info=info)
-        plan = safest_plan(plan, batch, self.cost, fitting=all(self._fits(p) for p in pipelines), lead=lead)
+        plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
 
 

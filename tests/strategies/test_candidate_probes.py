@@ -1,0 +1,50 @@
+"""The candidate check builds a whole-document candidate's pipelines one at a time and stops as soon as
+those built rule it out: exact only if the pipelines are the plan's and a plan is never faster than
+any of its pipelines alone."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import config, synthetic_batch
+from slimpack.cost import CostModel
+from slimpack.sim import pipelines_step_time, simulate
+from slimpack.strategies.slimpack.candidates import (
+    Candidate,
+    fastest_fitting,
+    plan_fits,
+    sliced_sequence_plans,
+)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 1000), pp=st.sampled_from([2, 4]), dp=st.sampled_from([2, 3]))
+def test_lazy_pipelines_make_the_plan_and_bound_its_step(seed, pp, dp):
+    cfg = config(pp=pp, dp=dp, max_context=32768)
+    cost = CostModel(cfg)
+    candidates = sliced_sequence_plans(synthetic_batch(seed, 400_000 * dp, 32768), 0, cfg)
+    assert candidates
+    for candidate in candidates:
+        built = dict(candidate.pipelines())
+        plan = candidate.assemble([built[p] for p in sorted(built)])
+        assert sorted(built) == list(range(dp)) and [pipe.replicas for pipe in plan.pipelines] == [(r,) for r in range(dp)]
+        full = simulate(plan, cost).step_time_s
+        assert pipelines_step_time(cfg, built.items(), cost) == full
+        for index, pipe in built.items():  # one pipeline alone never ends later than the plan
+            assert pipelines_step_time(cfg, [(index, pipe)], cost) <= full
+
+
+def test_the_fastest_fitting_candidate_wins_only_if_strictly_faster_than_the_bar():
+    cfg = config(pp=4, dp=2, max_context=32768)
+    cost = CostModel(cfg)
+    candidates = sliced_sequence_plans(synthetic_batch(3, 800_000, 32768), 0, cfg)
+    plans = [c.assemble([pipe for _, pipe in sorted(c.pipelines())]) for c in candidates]
+    times = [simulate(p, cost).step_time_s for p in plans]
+    fitting = [i for i, p in enumerate(plans) if plan_fits(p, cost)]
+    assert fitting
+    fastest = min(fitting, key=lambda i: (times[i], i))
+    for given_as in (candidates, [Candidate.of(p) for p in plans]):
+        found = fastest_fitting(given_as, cost)
+        assert found is not None and found[0] == plans[fastest] and found[1] == times[fastest]
+        assert fastest_fitting(given_as, cost, beat=times[fastest]) is None
+        beaten = fastest_fitting(given_as, cost, beat=times[fastest] * 1.000001)
+        assert beaten is not None and beaten[0] == plans[fastest]
