@@ -290,7 +290,11 @@ class SlimPackPlanner:
         pp = self.config.parallel.pp
         most_samples = max(len(b.items) for b in bins)
         tokens = max(int(self._lengths[list(b.items)].sum()) for b in bins)
-        limit = max(1, min(tokens // self.rules.min_slice + most_samples, 64 * pp))
+        finest = tokens // self.rules.min_slice + most_samples
+        limit = max(1, min(finest, 64 * pp))
+        # one context-length sequence per group is what fixed-length packing runs: at short contexts
+        # and many tokens per GPU that is finer than 64 groups per stage, and worth trying
+        sequences = min(finest, -(-tokens // self.config.train.max_context))
         scores: dict[Shape, Score] = {}
 
         def evaluate(candidates: set[Shape]) -> Shape:
@@ -311,7 +315,7 @@ class SlimPackPlanner:
             return {*LOOKAHEADS, chain} if chain > max(LOOKAHEADS) else set(LOOKAHEADS)
         modes = (ASYMMETRIC, SYMMETRIC) if knobs.use_asymmetric else (SYMMETRIC,)
         if seed is not None:
-            best = evaluate({seed._replace(num_groups=max(1, min(limit, round(seed.num_groups * f))))
+            best = evaluate({seed._replace(num_groups=max(1, min(max(limit, sequences), round(seed.num_groups * f))))
                              for f in (0.8, 1.0, 1.25)})
             others = {best._replace(backward=mode) for mode in (*modes, BOUNDED)[:len(modes) + knobs.use_asymmetric]}
             if knobs.use_slicing:
@@ -323,15 +327,21 @@ class SlimPackPlanner:
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
             best = evaluate({best, best._replace(backward=BOUNDED)})
-        # the look-ahead and K interact (a finer K can lose without look-ahead and win with it):
-        # the few best shapes so far each try the look-aheads
-        leaders = sorted(scores, key=lambda c: (rank(scores[c]), c))[:LOOKAHEAD_LEADERS]
-        best = evaluate({s._replace(lookahead=la) for s in leaders for la in lookaheads(s)})
+        best = evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
         if self._head_is_heavy():
             best = evaluate({best, best._replace(head_weight=1.0)})
+        plain = {best.lookahead} if best.lookahead in LOOKAHEADS else set(LOOKAHEADS)
         if knobs.use_slicing:  # whole samples form no chains: a chain's look-ahead becomes the plain ones
-            plain = {best.lookahead} if best.lookahead in LOOKAHEADS else set(LOOKAHEADS)
             evaluate({best._replace(slicing=False, backward=SYMMETRIC, lookahead=la) for la in plain})
+        # Beyond the greedy path above (scored after it, so they can only add to what it found):
+        # the look-aheads for the runners-up (K and look-ahead interact: a finer K can lose without
+        # look-ahead and win with it), and one context-length sequence per group where that is finer
+        leaders = sorted(scores, key=lambda c: (rank(scores[c]), c))[:LOOKAHEAD_LEADERS]
+        extra = {s._replace(lookahead=la) for s in leaders for la in lookaheads(s)}
+        if sequences > max(GROUPS_PER_STAGE) * pp:
+            extra |= {Shape(sequences, mode) for mode in modes}
+            extra |= {Shape(sequences, SYMMETRIC, slicing=False, lookahead=la) for la in plain}
+        evaluate(extra)
         return scores
 
     def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], min_ways: Sequence[int],
