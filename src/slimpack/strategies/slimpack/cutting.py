@@ -126,7 +126,6 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
         group = sequence[at:at + taken_whole]
         remaining = _subtract_each(remaining, costs[at:at + taken_whole])
         at += taken_whole
-        ends_cut = False
         if at < len(sequence):
             piece = sequence[at]
             # cutting a new sample in a group that holds the last slice of a cut one links their chains
@@ -142,8 +141,9 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
             elif taken is not None:
                 sequence[at], costs[at] = kept, cost(kept.tokens, kept.start)
                 cut_samples.add(piece.sample_id)
-                ends_cut = True
-        linked = linked + sum(s.tokens for s in group) if ends_cut else 0
+        # the group ends inside a sample that the next group continues: the run goes on
+        ends_inside = bool(group) and at < len(sequence) and group[-1].sample_id == sequence[at].sample_id
+        linked = linked + sum(s.tokens for s in group) if ends_inside else 0
         groups.append(group)
     return groups
 
