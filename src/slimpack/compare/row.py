@@ -44,6 +44,8 @@ class StrategyRow:
     peak_memory_bytes: float
     memory_capacity_bytes: float | None
     oom_steps: tuple[int, ...]
+    """Steps whose peak exceeds usable memory, of every step that ran (warm-up, window and drain:
+    a drain that cannot hold the work a strategy deferred to it counts)."""
     planner_time_p50_s: float | None
     mean_delay_steps_per_token: float
     held_after_window_tokens: int

@@ -143,7 +143,9 @@ class StrategyRun:
             mfu=mean([r.mfu for r in results]),
             peak_memory_bytes=max((max(r.peak_memory_bytes) for r in results), default=0.0),
             memory_capacity_bytes=results[0].memory_capacity_bytes if results else None,
-            oom_steps=tuple(s.step for s in ok if s.result.oom),  # type: ignore[union-attr]
+            # every step that ran, the drain's included: deferring work to a drain that does not
+            # fit is not running the data (WLB holding an outlier that no step can hold)
+            oom_steps=tuple(s.step for s in self.steps if s.result is not None and s.result.oom),
             planner_time_p50_s=statistics.median(s.planner_time_s for s in ok) if ok else None,
             mean_delay_steps_per_token=sum(s.delayed_token_steps for s in ok) / tokens if tokens else 0.0,
             held_after_window_tokens=window[-1].held_tokens if window else 0,
