@@ -161,3 +161,16 @@ def test_a_strategy_that_cannot_run_the_layout_fails_alone():
     assert rows["slimpipe"].failed_steps == (1, 2) and "virtual_stages" in rows["slimpipe"].errors[0]
     assert rows["slimpipe"].efficiency is None
     assert rows["fixed"].failed_steps == () and rows["fixed"].tokens_per_s > 0
+
+
+def test_a_drain_that_does_not_fit_counts_as_out_of_memory():
+    # Qwen2.5-7B's 152K-token vocabulary on tp1 pp2: the last stage keeps ~2.7 MB per token, so no
+    # step can hold the batch's 32K-token document. WLB defers it past the one-step window and its
+    # drain step runs it alone, out of memory: that step is counted, not hidden in the drain.
+    config = build_config(model="qwen2.5-7b", parallel=ParallelConfig(tp=1, pp=2, dp=2),
+                          train=TrainConfig(max_context=32768, global_batch_tokens=65536, recompute="selective"))
+    (run,) = compare(config, load_dataset("cpython"), ["wlb"], Window(warmup_steps=0, steps=1)).runs
+    drain = run.in_phase("drain")
+    assert [s.result.oom for s in run.in_phase("window")] == [False]
+    assert drain and drain[0].result.oom
+    assert run.metrics().oom_steps == (drain[0].step,)
