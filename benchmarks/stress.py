@@ -12,7 +12,7 @@ forward and the drain after its last backward (the first forward and the last ba
 stages before it) and the gradient sync and optimizer step after it.
 
     python benchmarks/stress.py --cells 200 --part 0/2       # resumable, in parts; cells in docs/stress/
-    python benchmarks/stress.py --cells 200 --rerun-slimpack # SlimPack again at this commit (after planner work)
+    python benchmarks/stress.py --cells 200 --rerun slimpack # a strategy again at this commit (after work on it)
     python benchmarks/stress.py --cells 200 --report         # -> docs/stress.md
 """
 
@@ -137,11 +137,10 @@ def run_cell(cell: dict) -> dict:
     return out
 
 
-def rerun_slimpack(cell: dict, commit: str) -> dict:
-    """The cell with SlimPack planned again by this checkout (the baselines' records kept)."""
-    config = cell_config(cell)
-    cell["strategies"]["slimpack"] = run_strategy_in_cell("slimpack", config, load_dataset(cell["dataset"]))
-    cell["slimpack_commit"] = commit
+def rerun(cell: dict, name: str, commit: str) -> dict:
+    """The cell with strategy ``name`` run again by this checkout (the others' records kept)."""
+    cell["strategies"][name] = run_strategy_in_cell(name, cell_config(cell), load_dataset(cell["dataset"]))
+    cell.setdefault("rerun", {})[name] = commit
     return cell
 
 
@@ -220,9 +219,11 @@ def report(cells: list[dict], command: str) -> str:
         "same batch. Cells are drawn by `benchmarks/stress.py` (see its docstring for the ranges).", "",
         f"Reproduce: `{command}` (then `--report`).", ""]
     commits = sorted({c.get("commit", "?") for c in cells})
-    slimpack_commits = sorted({c.get("slimpack_commit", c.get("commit", "?")) for c in cells})
-    lines += [f"Every strategy ran at commit(s) {', '.join(commits)}; SlimPack's records were then planned again "
-              f"(`--rerun-slimpack`) at {', '.join(slimpack_commits)}.", ""]
+    lines += [f"Every strategy ran at commit(s) {', '.join(commits)}."]
+    for name in sorted({n for c in cells for n in c.get("rerun", {})}):
+        again = sorted({c.get("rerun", {}).get(name, c.get("commit", "?")) for c in cells})
+        lines += [f"{name} ran again (`--rerun {name}`) at {', '.join(again)}."]
+    lines += [""]
     for title, names in (("every baseline", BASELINES),
                          ("the baselines that train whole documents (bfd, kk, wlb, bytescale)", WHOLE_DOCUMENT)):
         s = summarize(cells, names)
@@ -279,9 +280,9 @@ def main() -> int:
     parser.add_argument("--out", default="docs/stress", help="folder of per-cell JSON results (resumable; kept in the repo)")
     parser.add_argument("--report", action="store_true", help="write docs/stress.md from the results so far")
     parser.add_argument("--doc", default="docs/stress.md")
-    parser.add_argument("--rerun-slimpack", action="store_true",
-                        help="plan SlimPack again (this checkout) in every finished cell of this part planned by another "
-                             "commit, keeping the baselines' records")
+    parser.add_argument("--rerun", metavar="STRATEGY", choices=list(STRATEGIES),
+                        help="run this strategy again (this checkout) in every finished cell of this part where another "
+                             "commit ran it, keeping the other strategies' records")
     args = parser.parse_args()
     try:
         part, parts = (int(x) for x in args.part.split("/"))
@@ -300,20 +301,21 @@ def main() -> int:
                          indent=1))
         return 0
     mine = [i for i in range(args.cells) if i % parts == part]
-    if args.rerun_slimpack:
+    if args.rerun:
         commit = head_commit()
         for index in mine:
             path = out / f"cell-{index:04d}.json"
             if not path.exists():
                 continue
             cell = json.loads(path.read_text())
-            if cell.get("slimpack_commit") == commit:
+            if cell.get("rerun", {}).get(args.rerun) == commit:
                 continue
-            before = cell["strategies"]["slimpack"]["tokens_per_s"]
-            cell = rerun_slimpack(cell, commit)
+            before = cell["strategies"][args.rerun]
+            cell = rerun(cell, args.rerun, commit)
+            after = cell["strategies"][args.rerun]
             path.write_text(json.dumps(cell))
-            print(f"cell {index}: slimpack {before:,.0f} -> {cell['strategies']['slimpack']['tokens_per_s']:,.0f} tok/s",
-                  flush=True)
+            print(f"cell {index}: {args.rerun} {before['tokens_per_s']:,.0f} -> {after['tokens_per_s']:,.0f} tok/s, "
+                  f"OOM {before['oom']} -> {after['oom']}", flush=True)
         return 0
     for n, index in enumerate(mine, 1):
         path = out / f"cell-{index:04d}.json"
