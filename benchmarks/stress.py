@@ -243,9 +243,14 @@ def report(cells: list[dict], command: str) -> str:
         f"forward and backward compute than SlimPack on the same tokens in {len(less)} {less or ''} (it cut "
         f"documents, so it trained less attention) and as much or more in {len(not_less)} {not_less or ''}.", ""]
     s = summarize(cells)
+    fits = summarize([c for c in cells if _best_fitting(c, BASELINES)])
     lines += [
         f"SlimPack's step / the layout's lower bound (see the docstring): median "
-        f"{_fmt(s['step_over_lower_bound_median'])}, worst 5% from {_fmt(s['step_over_lower_bound_p5_worst'])}", "",
+        f"{_fmt(s['step_over_lower_bound_median'])}, worst 5% from {_fmt(s['step_over_lower_bound_p5_worst'])} over "
+        f"every cell; median {_fmt(fits['step_over_lower_bound_median'])}, worst 5% from "
+        f"{_fmt(fits['step_over_lower_bound_p5_worst'])} over the cells where some baseline fits. The bound "
+        f"ignores memory: where nothing else fits, SlimPack often fits only by holding fewer groups in flight, "
+        f"which serialises the pipeline (the largest ratios are all such cells).", "",
         "| # | dataset | model | ctx | tok/GPU | tp pp vpp cp dp | recompute | slimpack tok/s | won by | best baseline | "
         "ratio | its work / SlimPack's | best whole-doc | ratio | step / bound |",
         "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---:|---|---:|---:|"]
