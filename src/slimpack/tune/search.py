@@ -163,11 +163,12 @@ class _Search:
         while len(self.decided) < len(self.ranked):
             rank = len(self.decided)
             if not self._could_win(rank):  # floors rise and the best only grows: all the rest too
-                for later in range(rank, len(self.ranked)):
-                    self.ahead_discarded += later in self.results
-                    floor, _, layout, _ = self.ranked[later]
-                    new.append(Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor))
-                self.decided += new[len(new) - (len(self.ranked) - rank):]
+                pruned = [Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor)
+                          for floor, _, layout, _ in self.ranked[rank:]]
+                self.ahead_discarded += len(self.results)
+                self.results.clear()
+                self.decided += pruned
+                new += pruned
                 break
             if rank not in self.results:
                 break
@@ -177,6 +178,13 @@ class _Search:
             if trial.ok:
                 self.best = max(self.best, trial.tokens_per_s)
         return new
+
+    def receive(self, rank: int, trial: Trial) -> None:
+        """A screening result; one for a layout the in-order search has since pruned is dropped."""
+        if rank < len(self.decided):
+            self.ahead_discarded += 1
+        else:
+            self.results[rank] = trial
 
     @property
     def screened(self) -> bool:
@@ -277,7 +285,7 @@ def _run(searches: Sequence[_Search], trials: Trials, window: Window | None, con
                 search.confirmed[index] = trial
                 on_trial(search.strategy, trial)
             else:
-                search.results[index] = trial
+                search.receive(index, trial)
 
 
 def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, screen_steps: int = 1,
