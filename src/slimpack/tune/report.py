@@ -80,7 +80,7 @@ def search_summary(result: TuneResult) -> list[str]:
                       if tuning.best and tuning.screen_best and tuning.best.layout != tuning.screen_best.layout)
         lines.append(f"{len(confirmed):5d} x front runner confirmed over the window ({result.window.describe()}; "
                      f"{sum(not t.ok for t in confirmed)} failed or out of memory there); the window changed "
-                     f"{changed} strateg{'y' if changed == 1 else 'ies'}' pick")
+                     f"the pick of {changed} strateg{'y' if changed == 1 else 'ies'}")
     return lines
 
 def markdown_table(result: TuneResult) -> str:
