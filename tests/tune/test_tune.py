@@ -16,8 +16,8 @@ from slimpack.strategies.stream import stream_batches
 from slimpack.tune import tune
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import RECOMPUTE, layouts
-from slimpack.tune.search import PRUNED_BY_BOUND, PRUNED_BY_MEMORY
-from slimpack.tune.trials import PLAN_OOM, SIMULATED_OOM
+from slimpack.tune.search import PRUNED_BY_BOUND, PRUNED_BY_MEMORY, _Search, candidate_layouts
+from slimpack.tune.trials import PLAN_OOM, SIMULATED, SIMULATED_OOM, Trial
 
 BASE = build_config(model="llama2-7b", train=TrainConfig(max_context=16384, global_batch_tokens=2**17))
 WIKIPEDIA = load_dataset("wikipedia")
@@ -119,3 +119,34 @@ def test_worker_processes_find_what_one_process_finds():
     two = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], window=Window(warmup_steps=0, steps=2), workers=2)
     assert summary(two) == summary(one)
     assert [s.strategy for s in two.strategies] == ["fixed", "bfd"]
+
+
+def test_screening_ahead_settles_as_the_in_order_search_does():
+    # feed a search the same trial results in layout order, and out of order with layouts screened
+    # ahead: the settled trials are the same, and what the in-order search pruned is dropped
+    batches = stream_batches(WIKIPEDIA, BASE, 1)
+    candidates, _ = candidate_layouts(BASE, 4, batches)
+
+    def search():
+        return _Search("fixed", candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=False)
+
+    ranked = search().ranked
+    tokens = search().tokens
+    # each layout runs at 90% of its floor's throughput: the first one is the best, and every layout
+    # whose floor allows less than 90% of the first floor's throughput is pruned in order
+    results = [Trial(layout=layout, status=SIMULATED, tokens_per_s=0.9 * tokens / floor)
+               for floor, _, layout, _ in ranked]
+    in_order = search()
+    for rank, trial in enumerate(results):
+        if in_order.screened:
+            break
+        in_order.receive(rank, trial)
+        in_order.settle()
+    simulated = [t for t in in_order.decided if t.ok]
+    assert 1 < len(simulated) < len(ranked) and in_order.screened and in_order.ahead_discarded == 0
+    assert all(tokens / floor > 0.9 * tokens / ranked[0][0] for floor, *_ in ranked[:len(simulated)])
+    ahead = search()
+    for rank in reversed(range(len(simulated) + 2)):  # two layouts past the last one the search keeps
+        ahead.receive(rank, results[rank])
+    ahead.settle()
+    assert ahead.decided == in_order.decided and ahead.ahead_discarded == 2
