@@ -1,6 +1,7 @@
 """Best-vs-best tables for docs/tune.md: ``slimpack tune`` on bundled datasets, contexts and GPU
-counts (all strategies, llama2-7b on H100s, 64K tokens per GPU per batch, one step per layout),
-simulated with the default cost model. Writes one JSON and one markdown block per cell into OUT.
+counts (all strategies, llama2-7b on H100s, 64K tokens per GPU per batch; layouts screened on one
+step, each strategy's front runners confirmed over the comparison window), simulated with the
+default cost model. Writes one JSON and one markdown block per cell into OUT.
 
     python benchmarks/tune_tables.py --datasets wikipedia --contexts 64K,128K,256K --gpus 64,256 --out docs/tune
 """

@@ -40,6 +40,7 @@ from slimpack.strategies import STRATEGIES, make_planner
 from slimpack.strategies.stream import PlannedStep, PlanStream
 from slimpack.tune import TuneResult
 from slimpack.tune import tune as _tune
+from slimpack.tune.search import CONFIRM
 
 DatasetLike = Dataset | str
 """A :class:`~slimpack.data.Dataset`, a bundled name (``"wikipedia"``), ``"synthetic:..."`` or the
@@ -94,10 +95,14 @@ def compare(data: DatasetLike, config: Config, strategies: Sequence[str] | None 
 
 
 def tune(data: DatasetLike, config: Config, gpus: int, strategies: Sequence[str] | None = None, *,
-         steps: int = 1, workers: int = 1) -> TuneResult:
+         screen_steps: int = 1, confirm: int = CONFIRM, warmup: int = DEFAULT_WARMUP_STEPS,
+         steps: int = DEFAULT_WINDOW_STEPS, workers: int = 1) -> TuneResult:
     """Each strategy's best layout of ``gpus`` GPUs (``config`` gives model, cluster, context, batch and
-    planner; its layout and recomputation are searched), as ``slimpack tune``; ``.best_config()``."""
-    return _tune(config, dataset(data), gpus, list(strategies or STRATEGIES), steps=steps, workers=workers)
+    planner; its layout and recomputation are searched), as ``slimpack tune``: layouts screened over
+    ``screen_steps``, up to ``confirm`` front runners per strategy re-run over ``warmup`` steps and a
+    window of ``steps``; ``.best_config()``."""
+    return _tune(config, dataset(data), gpus, list(strategies or STRATEGIES), screen_steps=screen_steps,
+                 confirm=confirm, window=Window(warmup_steps=warmup, steps=steps), workers=workers)
 
 
 __all__ = ["STRATEGIES", "Comparison", "Config", "ContextCut", "Dataset", "Plan", "PlannedStep", "SimResult",

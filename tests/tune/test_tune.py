@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from slimpack.compare.run import Window, run_strategy
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.data import load_dataset
@@ -15,6 +16,8 @@ from slimpack.strategies.stream import stream_batches
 from slimpack.tune import tune
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import RECOMPUTE, layouts
+from slimpack.tune.search import PRUNED_BY_BOUND, PRUNED_BY_MEMORY, _Search, candidate_layouts
+from slimpack.tune.trials import PLAN_OOM, SIMULATED, SIMULATED_OOM, Trial
 
 BASE = build_config(model="llama2-7b", train=TrainConfig(max_context=16384, global_batch_tokens=2**17))
 WIKIPEDIA = load_dataset("wikipedia")
@@ -56,17 +59,50 @@ def test_floors_are_below_what_the_simulator_reports(strategy):
 
 def test_tune_finds_the_same_best_as_exhaustive_simulation():
     strategies = ["fixed", "kk", "wlb", "slimpack"]
-    pruned = tune(BASE, WIKIPEDIA, 4, strategies)
-    every = tune(BASE, WIKIPEDIA, 4, strategies, exhaustive=True)
+    pruned = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0)
+    every = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, exhaustive=True)
     tokens = sum(s.length for s in stream_batches(WIKIPEDIA, BASE, 1)[0])
     for fast, full in zip(pruned.strategies, every.strategies, strict=True):
         assert fast.best.layout == full.best.layout
         assert fast.best.tokens_per_s == full.best.tokens_per_s
-        assert fast.counts()["pruned: its time floor cannot beat the best simulated layout"] > 0
+        assert fast.counts()[PRUNED_BY_BOUND] > 0
+        assert not any(t.status.startswith("pruned") for t in full.trials)  # exhaustive: every layout simulated
+        status = {t.layout: t.status for t in fast.trials}
         for trial in full.trials:
-            if trial.ok:  # the floor never exceeds the simulated run's time
-                assert trial.floor_s <= tokens / trial.tokens_per_s * (1 + 1e-9)
+            floor = next(t.floor_s for t in fast.trials if t.layout == trial.layout)
+            if trial.ok and floor is not None:  # the floor never exceeds the simulated run's time
+                assert floor <= tokens / trial.tokens_per_s * (1 + 1e-9)
+            # the memory checks are exact: what they prune the simulator finds out of memory (or it fails
+            # the plan's schedule first), and the simulator finds out of memory only what they or the
+            # time floor pruned
+            assert (status[trial.layout] in (PLAN_OOM, PRUNED_BY_MEMORY)) <= (
+                trial.status == SIMULATED_OOM or trial.status.startswith("failed"))
+            assert (trial.status == SIMULATED_OOM) <= (status[trial.layout] in (PLAN_OOM, PRUNED_BY_MEMORY,
+                                                                               PRUNED_BY_BOUND))
+    assert sum(s.counts()[PLAN_OOM] for s in pruned.strategies) > 0
     assert pruned.best_config().parallel.num_devices == 4
+
+
+def test_front_runners_are_confirmed_over_the_comparison_window():
+    # 4 GPUs, 16K context: kk's best screened layout (tp1 cp2) fits step 0's batch but runs out of
+    # memory later in the window, so confirmation moves kk to its next front runner; fixed keeps its pick
+    window = Window(warmup_steps=1, steps=8)
+    screened = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], confirm=0)
+    result = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], window=window, confirm=3, confirm_within=0.03)
+    assert result.window == window
+    for before, after in zip(screened.strategies, result.strategies, strict=True):
+        assert after.trials == before.trials  # confirmation does not change the screening
+        front = [t for t in before.trials if t.ok and t.tokens_per_s >= 0.97 * before.best.tokens_per_s]
+        assert [t.layout for t in after.confirmed] == [t.layout for t in sorted(front, key=lambda t: -t.tokens_per_s)][:3]
+        best = after.best
+        assert best.phase == "window" and best.ok
+        # the figure is the comparison protocol's own, over the same window
+        row = run_strategy(after.strategy, best.layout.apply(BASE), WIKIPEDIA, window).metrics()
+        assert best.tokens_per_s == row.tokens_per_s and best.efficiency == row.efficiency
+    fixed, kk = result.strategies
+    assert fixed.best.layout == fixed.screen_best.layout
+    assert kk.best.layout != kk.screen_best.layout
+    assert kk.confirmed[0].layout == kk.screen_best.layout and kk.confirmed[0].status == SIMULATED_OOM
 
 
 def test_no_layout_fits_is_one_user_error():
@@ -77,9 +113,40 @@ def test_no_layout_fits_is_one_user_error():
 
 def test_worker_processes_find_what_one_process_finds():
     def summary(result):
-        return [[(t.layout, t.status, t.tokens_per_s) for t in s.trials] for s in result.strategies]
+        return [[(t.layout, t.status, t.tokens_per_s) for t in (*s.trials, *s.confirmed)] for s in result.strategies]
 
-    one = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"])
-    two = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], workers=2)
+    one = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], window=Window(warmup_steps=0, steps=2))
+    two = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], window=Window(warmup_steps=0, steps=2), workers=2)
     assert summary(two) == summary(one)
     assert [s.strategy for s in two.strategies] == ["fixed", "bfd"]
+
+
+def test_screening_ahead_settles_as_the_in_order_search_does():
+    # feed a search the same trial results in layout order, and out of order with layouts screened
+    # ahead: the settled trials are the same, and what the in-order search pruned is dropped
+    batches = stream_batches(WIKIPEDIA, BASE, 1)
+    candidates, _ = candidate_layouts(BASE, 4, batches)
+
+    def search():
+        return _Search("fixed", candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=False)
+
+    ranked = search().ranked
+    tokens = search().tokens
+    # each layout runs at 90% of its floor's throughput: the first one is the best, and every layout
+    # whose floor allows less than 90% of the first floor's throughput is pruned in order
+    results = [Trial(layout=layout, status=SIMULATED, tokens_per_s=0.9 * tokens / floor)
+               for floor, _, layout, _ in ranked]
+    in_order = search()
+    for rank, trial in enumerate(results):
+        if in_order.screened:
+            break
+        in_order.receive(rank, trial)
+        in_order.settle()
+    simulated = [t for t in in_order.decided if t.ok]
+    assert 1 < len(simulated) < len(ranked) and in_order.screened and in_order.ahead_discarded == 0
+    assert all(tokens / floor > 0.9 * tokens / ranked[0][0] for floor, *_ in ranked[:len(simulated)])
+    ahead = search()
+    for rank in reversed(range(len(simulated) + 2)):  # two layouts past the last one the search keeps
+        ahead.receive(rank, results[rank])
+    ahead.settle()
+    assert ahead.decided == in_order.decided and ahead.ahead_discarded == 2

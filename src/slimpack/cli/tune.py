@@ -18,12 +18,16 @@ from slimpack.cli.common import (
     config_from_args,
     context_note,
     dataset_from_args,
+    non_negative_int,
     positive_int,
 )
+from slimpack.compare import Window
+from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS
 from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, build_config, save_config
 from slimpack.strategies import STRATEGIES
 from slimpack.tune import tune
-from slimpack.tune.report import best_rows, search_summary, to_json, write_report
+from slimpack.tune.report import best_rows, protocol, search_summary, to_json, write_report
+from slimpack.tune.search import CONFIRM, CONFIRM_WITHIN
 
 HELP = "search tp/pp/vpp/stage split/cp/dp/recomputation for each strategy's best layout on N GPUs"
 
@@ -39,9 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed for batch sampling")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
                         help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
-    parser.add_argument("--steps", type=positive_int, default=1, metavar="S", help="consecutive steps per layout (default 1)")
+    parser.add_argument("--screen-steps", type=positive_int, default=1, metavar="S",
+                        help="consecutive steps each layout is screened over (default 1)")
+    parser.add_argument("--confirm", type=non_negative_int, default=CONFIRM, metavar="K",
+                        help=f"front runners per strategy (within {CONFIRM_WITHIN * 100:.0f}%% of its best screened) re-run "
+                             f"over the warm-up and window below; the best there wins (default {CONFIRM}; 0: "
+                             "screening figures only)")
+    parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",
+                        help=f"unmeasured steps before the confirmation window (default {DEFAULT_WARMUP_STEPS})")
+    parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
+                        help=f"measured confirmation window, as in compare (default {DEFAULT_WINDOW_STEPS})")
     parser.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1), metavar="N",
-                        help="strategies searched at once in worker processes (default: 2, or 1 on one core)")
+                        help="worker processes running layouts (default: 2, or 1 on one core)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     parser.add_argument("--report", metavar="DIR", help="write tune.md, tune.json, tune.png and best-<strategy>.json")
     parser.add_argument("--output", metavar="FILE", default="tune-config.json",
@@ -59,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("enumerating layouts", total=None)
-        result = tune(base, dataset, args.gpus, strategies, steps=args.steps, workers=args.workers,
+        result = tune(base, dataset, args.gpus, strategies, screen_steps=args.screen_steps, confirm=args.confirm,
+                      window=Window(warmup_steps=args.warmup, steps=args.steps), workers=args.workers,
                       on_candidates=lambda n: progress.update(task, total=n * len(strategies)),
-                      on_trial=lambda name, _trial: progress.update(task, advance=1, description=f"tuning {name}"))
+                      on_trial=lambda name, trial: progress.update(task, advance=trial.phase == "screen",
+                                                                   description=f"{trial.phase}: {name}"))
     out = Console(stderr=args.json == "-", width=200 if not sys.stdout.isatty() else None)
     out.print(_table(best_rows(result), result))
     out.print(context_note(dataset, base), highlight=False)
@@ -84,14 +99,17 @@ def _table(rows: list[dict], result) -> Table:
     base = result.base
     skipped = sum(result.skipped.values())
     table = Table(title=f"{result.dataset}: {base.model.name} on {result.num_gpus}x {base.cluster.name}, "
-                        f"{base.train.max_context // 1024}K context, {result.steps} step(s) per layout; "
+                        f"{base.train.max_context // 1024}K context; {protocol(result, 'screen')}"
+                        f"{'; front runners confirmed over ' + result.window.describe() if result.window else ''}; "
                         f"{skipped} layouts cannot hold the model; {result.wall_s:.0f} s (simulated)")
-    for name in ("strategy", "best layout", "tokens/s", "efficiency", "vs fixed's best", "simulated", "pruned", "failed"):
+    for name in ("strategy", "best layout", "tokens/s", "efficiency", "vs fixed's best", "from", "simulated", "pruned",
+                 "failed"):
         table.add_column(name, justify="left" if name in ("strategy", "best layout") else "right")
     top = max((r["tokens_per_s"] for r in rows), default=0)
     for r in rows:
         ratio = f"{r['vs_best_fixed']:.2f}x" if r["vs_best_fixed"] else "—"
         table.add_row(r["strategy"], r["layout"] or "none fits", f"{r['tokens_per_s']:,.0f}",
-                      f"{r['efficiency']:.3f}" if r["efficiency"] else "—", ratio, str(r["simulated"]),
+                      f"{r['efficiency']:.3f}" if r["efficiency"] else "—", ratio,
+                      r["protocol"].split(":")[0] if r["protocol"] else "—", str(r["simulated"]),
                       str(r["pruned"]), str(r["failed"]), style="bold green" if r["tokens_per_s"] == top and top else "")
     return table

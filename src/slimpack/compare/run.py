@@ -194,17 +194,28 @@ def check_strategies(names: Sequence[str]) -> None:
         raise UserError("--strategies is empty")
 
 
-def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Phase
-            ) -> tuple[StepRecord, Plan | None]:
-    """Plan (``make_step``) and simulate the stream's next step; a failure is recorded, not raised."""
+PlanScreen = Callable[[Plan], str | None]
+"""A test a plan must pass before it is simulated: the reason it fails, or None."""
+
+
+def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Phase,
+            screen: PlanScreen | None = None) -> tuple[StepRecord, Plan | None]:
+    """Plan (``make_step``) and simulate the stream's next step; a failure (or a plan ``screen``
+    rejects, then not simulated) is recorded, not raised."""
     step = stream.step
+
+    def failed(error: str) -> tuple[StepRecord, None]:
+        return StepRecord(step=step, phase=phase, error=error, planner_time_s=0.0, result=None, scheduled_tokens=0,
+                          delayed_token_steps=0, held_tokens=stream.held_tokens), None
+
     try:
         planned = make_step()
+        rejected = screen(planned.plan) if screen is not None else None
+        if rejected is not None:
+            return failed(rejected)
         result = simulate(planned.plan, document_lengths=planned.trained_document_lengths)
     except Exception as exc:  # a strategy's failure on one step must not stop the comparison
-        return StepRecord(step=step, phase=phase, error=f"{type(exc).__name__}: {exc}", planner_time_s=0.0,
-                          result=None, scheduled_tokens=0, delayed_token_steps=0,
-                          held_tokens=stream.held_tokens), None
+        return failed(f"{type(exc).__name__}: {exc}")
     replicas = {p: len(pipe.replicas) for p, pipe in enumerate(planned.plan.pipelines)}
     return StepRecord(step=step, phase=phase, error=None, planner_time_s=planned.planner_time_s, result=result,
                       scheduled_tokens=planned.trained_tokens, delayed_token_steps=planned.delayed_token_steps,
@@ -212,8 +223,10 @@ def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Pha
 
 
 def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Window, *, shuffle: bool = False,
-                 on_step: Callable[[], None] = lambda: None) -> StrategyRun:
-    """``name`` over ``window`` (warm-up only when the strategy is stateful), then its drain."""
+                 on_step: Callable[[], None] = lambda: None, screen: PlanScreen | None = None) -> StrategyRun:
+    """``name`` over ``window`` (warm-up only when the strategy is stateful), then its drain.
+    ``screen`` fails, unsimulated, the steps whose plans it rejects (``tune`` rejects plans out of
+    memory that way: the simulator would find them so at many times the cost)."""
     try:
         stream = PlanStream(dataset, config, name, shuffle=shuffle, start=0)
     except UserError as exc:  # this strategy cannot run this setting: every step fails, others go on
@@ -231,14 +244,14 @@ def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Wind
     plans: list[Plan | None] = []
     while stream.step < window.end_step:
         phase: Phase = "warmup" if stream.step < window.first_step else "window"
-        record, plan = _record(stream, lambda: next(stream), phase)
+        record, plan = _record(stream, lambda: next(stream), phase, screen)
         records.append(record)
         plans.append(plan)
         on_step()
     for _ in range(MAX_DRAIN_STEPS):
         if not stream.held_tokens:
             break
-        record, plan = _record(stream, stream.drain, "drain")
+        record, plan = _record(stream, stream.drain, "drain", screen)
         records.append(record)
         plans.append(plan)
     return StrategyRun(name=name, steps=tuple(records), plans=tuple(plans))

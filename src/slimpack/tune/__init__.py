@@ -3,6 +3,7 @@ strategy on a GPU budget, found by simulation with memory and time floors prunin
 Must not import torch."""
 
 from slimpack.tune.layouts import Layout
-from slimpack.tune.search import StrategyTuning, Trial, TuneResult, tune
+from slimpack.tune.search import StrategyTuning, TuneResult, tune
+from slimpack.tune.trials import Trial
 
 __all__ = ["Layout", "StrategyTuning", "Trial", "TuneResult", "tune"]

@@ -19,10 +19,16 @@ def best_rows(result: TuneResult) -> list[dict[str, Any]]:
     rows = []
     for tuning in result.strategies:
         best, counts = tuning.best, tuning.counts()
+        screened = next((t for t in tuning.trials if best and t.layout == best.layout), None)
         rows.append({
             "strategy": tuning.strategy,
             "layout": best.layout.label() if best else None,
+            "protocol": protocol(result, best.phase) if best else None,
             "tokens_per_s": best.tokens_per_s if best else 0.0,
+            "screen_tokens_per_s": screened.tokens_per_s if screened else None,
+            "confirmed": [{"layout": t.layout.label(), "status": t.status, "tokens_per_s": t.tokens_per_s,
+                           "screen_tokens_per_s": next(s.tokens_per_s for s in tuning.trials if s.layout == t.layout)}
+                          for t in tuning.confirmed],
             "efficiency": best.efficiency if best else None,
             "step_time_s": best.step_time_s if best else None,
             "peak_memory_bytes": best.peak_memory_bytes if best else None,
@@ -30,7 +36,7 @@ def best_rows(result: TuneResult) -> list[dict[str, Any]]:
             "failed": sum(n for status, n in counts.items() if status.startswith("failed")),
             "pruned": sum(n for status, n in counts.items() if status.startswith("pruned")),
             "reasons": dict(counts.most_common()),
-            "search_s": sum(t.wall_s for t in tuning.trials),
+            "search_s": sum(t.wall_s for t in (*tuning.trials, *tuning.confirmed)),
         })
     base = next((r["tokens_per_s"] for r in rows if r["strategy"] == BASELINE), 0.0)
     top = max((r["tokens_per_s"] for r in rows), default=0.0)
@@ -39,9 +45,19 @@ def best_rows(result: TuneResult) -> list[dict[str, Any]]:
         row["vs_best_overall"] = row["tokens_per_s"] / top if top else None
     return rows
 
+def protocol(result: TuneResult, phase: str) -> str:
+    """Which steps a figure comes from: the screening step(s) or the confirmation window."""
+    if phase == "window" and result.window is not None:
+        return f"window: {result.window.describe()}"
+    steps = result.screen.steps
+    return f"screen: step{'s' if steps > 1 else ''} 0{f'–{steps - 1}' if steps > 1 else ''}, drain included"
+
+
 def to_json(result: TuneResult) -> dict[str, Any]:
     config = result.best_config()
-    return {"num_gpus": result.num_gpus, "dataset": result.dataset, "steps": result.steps,
+    return {"num_gpus": result.num_gpus, "dataset": result.dataset, "screen": result.screen.to_dict(),
+            "window": result.window.to_dict() if result.window else None, "workers": result.workers,
+            "ahead_discarded": result.ahead_discarded,
             "model": result.base.model.name, "max_context": result.base.train.max_context,
             "global_batch_tokens": result.base.train.global_batch_tokens, "wall_s": result.wall_s,
             "skipped_layouts": dict(result.skipped), "strategies": best_rows(result),
@@ -55,18 +71,29 @@ def search_summary(result: TuneResult) -> list[str]:
         total.update(tuning.counts())
     for status, n in total.most_common():
         lines.append(f"{n:5d} x {status}")
+    if result.ahead_discarded:
+        lines.append(f"{result.ahead_discarded:5d} x screened ahead by an idle worker, then pruned in order "
+                     "(figures dropped)")
+    if result.window is not None:
+        confirmed = [t for tuning in result.strategies for t in tuning.confirmed]
+        changed = sum(1 for tuning in result.strategies
+                      if tuning.best and tuning.screen_best and tuning.best.layout != tuning.screen_best.layout)
+        lines.append(f"{len(confirmed):5d} x front runner confirmed over the window ({result.window.describe()}; "
+                     f"{sum(not t.ok for t in confirmed)} failed or out of memory there); the window changed "
+                     f"the pick of {changed} strateg{'y' if changed == 1 else 'ies'}")
     return lines
 
 def markdown_table(result: TuneResult) -> str:
-    lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | simulated / pruned / failed |",
-             "|---|---|---:|---:|---:|---|"]
+    lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | figures from | "
+             "simulated / pruned / failed |", "|---|---|---:|---:|---:|---|---|"]
     for r in best_rows(result):
+        counts = f"{r['simulated']} / {r['pruned']} / {r['failed']}"
         if r["layout"] is None:
-            lines.append(f"| {r['strategy']} | none fits | — | — | — | {r['simulated']} / {r['pruned']} / {r['failed']} |")
+            lines.append(f"| {r['strategy']} | none fits | — | — | — | — | {counts} |")
             continue
         ratio = f"{r['vs_best_fixed']:.2f}x" if r["vs_best_fixed"] else "—"
         lines.append(f"| {r['strategy']} | {r['layout']} | {r['tokens_per_s']:,.0f} | {r['efficiency']:.3f} | "
-                     f"{ratio} | {r['simulated']} / {r['pruned']} / {r['failed']} |")
+                     f"{ratio} | {r['protocol']} | {counts} |")
     return "\n".join(lines)
 
 def write_configs(result: TuneResult, directory: Path) -> list[Path]:
@@ -81,8 +108,9 @@ def write_configs(result: TuneResult, directory: Path) -> list[Path]:
     return paths
 
 def throughput_chart(result: TuneResult, path: Path) -> None:
-    """Tokens/s of every simulated layout, per strategy, in the order the search tried them (the
-    search goes by rising time floor, so the cloud thins out to the right as layouts stop paying)."""
+    """Screening tokens/s of every simulated layout, per strategy, in the order the search tried
+    them (the search goes by rising time floor, so the cloud thins out to the right as layouts stop
+    paying); a star marks the layout chosen (after confirmation over the window, if any)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,11 +125,13 @@ def throughput_chart(result: TuneResult, path: Path) -> None:
         line, = ax.plot(xs, [t.tokens_per_s / 1e3 for t in ok], marker="o", markersize=4, linestyle="none",
                         label=tuning.strategy)
         best = tuning.best
-        index = ok.index(best) + 1  # type: ignore[arg-type]
-        ax.plot([index], [best.tokens_per_s / 1e3], marker="*", markersize=12, color=line.get_color())  # type: ignore[union-attr]
+        if best is not None:  # the chosen layout, at its screening figure
+            index = next(i for i, t in enumerate(ok, 1) if t.layout == best.layout)
+            ax.plot([index], [ok[index - 1].tokens_per_s / 1e3], marker="*", markersize=12, color=line.get_color())
     par = result.base
     ax.set_title(f"{result.dataset}: {par.model.name} on {result.num_gpus}x {par.cluster.name}, "
-                 f"{par.train.max_context // 1024}K context (simulated; star = best layout)", fontsize=10)
+                 f"{par.train.max_context // 1024}K context (simulated screening figures; star = chosen layout)",
+                 fontsize=10)
     ax.set_xlabel("simulated layouts, in search order (rising time floor)")
     ax.set_ylabel("thousand tokens / s")
     ax.grid(alpha=0.3)

@@ -1,23 +1,36 @@
-"""``tune``: the best layout of each strategy on a GPU budget, by branch and bound over layouts.
+"""``tune``: the best layout of each strategy on a GPU budget, by branch and bound over layouts,
+then a confirmation of the front runners over the comparison protocol's window.
 
-For each strategy: every layout the budget allows (``layouts``) that passes the memory floor is
-given its time floor (``bounds``); layouts are simulated in order of rising floor, and once a
-layout's floor says it cannot beat the best simulated so far, it and all after it are pruned.
-Because the floors are true lower bounds, the best found is the best exhaustive simulation would
-find (``exhaustive=True`` simulates everything, for tests and checks).
+Screening, per strategy: every layout the budget allows (``layouts``) that passes the memory floor
+is given its time floor (``bounds``); layouts are screened (one step by default) in order of
+rising floor, and once a layout's floor says it cannot beat the best screened so far, it and all
+after it are pruned. A screened plan out of memory is found from its groups and order before it is
+simulated (``trials.plan_out_of_memory``). Because the floors are true lower bounds, the best
+screened is the best exhaustive screening would find (``exhaustive=True`` simulates everything,
+with no floor and no memory check, for tests).
+
+With several workers, trials run in worker processes, the strategies' searches side by side; a
+worker with nothing due screens ahead (the next layout of a search whose frontier is still
+running). A layout screened ahead that the in-order search prunes is recorded as pruned and its
+figures dropped, so the trials, their statuses and the best are the same with any number of
+workers (only the CPU time spent differs: ``TuneResult.ahead_discarded`` counts such trials).
+
+Confirmation (DESIGN.md §3, comparison protocol): a strategy's screened layouts within
+``confirm_within`` of its best (at most ``confirm``) are re-run over ``window`` (warm-up steps,
+then the measured window with deferred work carried), and the best on the window's tokens/s wins;
+if none of them runs the window (failed or out of memory), the next screened layout is tried.
 Must not import torch.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
-from slimpack.compare.run import Window, check_strategies, run_strategy
+from slimpack.compare.run import Window, check_strategies
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.data import Dataset
@@ -26,41 +39,37 @@ from slimpack.plan.types import Sample
 from slimpack.strategies.stream import stream_batches
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import Layout, layouts
+from slimpack.tune.trials import Task, Trial, Trials, reason
 
 PRUNED_BY_BOUND = "pruned: its time floor cannot beat the best simulated layout"
 PRUNED_BY_MEMORY = "pruned: model states plus the longest sample's activations exceed GPU memory"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Trial:
-    """One layout of one strategy, simulated (``tokens_per_s`` set) or not (``status`` says why)."""
-
-    layout: Layout
-    status: str
-    """``simulated``, or why the layout was pruned or failed."""
-    floor_s: float | None = None
-    """The time floor of the run (None when pruned by memory first)."""
-    tokens_per_s: float = 0.0
-    efficiency: float | None = None
-    step_time_s: float | None = None
-    peak_memory_bytes: float = 0.0
-    wall_s: float = 0.0
-    """Planning + simulation seconds this trial took."""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "simulated"
+CONFIRM = 3
+"""Front runners per strategy confirmed over the window, at most."""
+CONFIRM_WITHIN = 0.03
+"""Screened layouts within this share of the strategy's best are front runners."""
+PROTOCOL_WINDOW = Window()
+"""The window front runners are confirmed over: the comparison protocol's (``slimpack compare``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StrategyTuning:
     strategy: str
     trials: tuple[Trial, ...]
-    """In the order they were considered (simulated ones in the order simulated)."""
+    """Screening, in the order the search considered the layouts (rising floor)."""
+    confirmed: tuple[Trial, ...] = ()
+    """The front runners over the window, in screening order (empty without confirmation)."""
+
+    @property
+    def screen_best(self) -> Trial | None:
+        ok = [t for t in self.trials if t.ok]
+        return max(ok, key=lambda t: t.tokens_per_s) if ok else None
 
     @property
     def best(self) -> Trial | None:
-        ok = [t for t in self.trials if t.ok]
+        """The best over the window when confirmed, else the best screened."""
+        if not self.confirmed:
+            return self.screen_best
+        ok = [t for t in self.confirmed if t.ok]
         return max(ok, key=lambda t: t.tokens_per_s) if ok else None
 
     def counts(self) -> Counter[str]:
@@ -72,11 +81,17 @@ class TuneResult:
     base: Config
     num_gpus: int
     dataset: str
-    steps: int
+    screen: Window
+    """The steps each layout is screened over."""
+    window: Window | None
+    """The comparison protocol's window the front runners are confirmed over (None: not confirmed)."""
     strategies: tuple[StrategyTuning, ...]
     skipped: Counter[str] = field(default_factory=Counter)
     """Layouts that cannot hold the model at all (every strategy), by reason."""
     wall_s: float = 0.0
+    workers: int = 1
+    ahead_discarded: int = 0
+    """Layouts screened ahead by an idle worker that the in-order search then pruned."""
 
     def best_config(self, strategy: str | None = None) -> Config | None:
         """The winning config overall, or ``strategy``'s best."""
@@ -98,102 +113,215 @@ def candidate_layouts(base: Config, num_gpus: int, batches: Sequence[Sequence[Sa
             config = layout.apply(base)
             CostModel(config).check_states_fit()
         except UserError as exc:
-            skipped[_reason(str(exc))] += 1
+            skipped[reason(str(exc))] += 1
             continue
         out.append((layout, config))
     return out, skipped
 
 
-def _reason(message: str) -> str:
-    """A countable reason: the message's first clause with its numbers replaced by N."""
-    if "optimizer states alone" in message:
-        return "model states (parameters, gradients, optimizer) exceed GPU memory"
-    return re.sub(r"(?<![A-Za-z])\d+(\.\d+)?(?![A-Za-z])", "N", message.split(";")[0])[:140]
 
+class _Search:
+    """One strategy's branch and bound and confirmation, fed trial results in any order."""
 
-def tune_strategy(strategy: str, candidates: Sequence[tuple[Layout, Config]],
-                  batches: Sequence[Sequence[Sample]], dataset: Dataset, *, exhaustive: bool = False,
-                  on_trial: Callable[[Trial], None] = lambda t: None) -> StrategyTuning:
-    """Branch and bound over ``candidates`` for one strategy (see the module docstring)."""
-    lengths = [[s.length for s in b] for b in batches]
-    tokens = sum(map(sum, lengths))
-    longest = max(max(b) for b in lengths if b)
-    trials: list[Trial] = []
-    ranked = []
-    for layout, config in candidates:
-        cost = CostModel(config)
-        if memory_floor_bytes(cost, longest, strategy) > config.cluster.usable_memory_bytes:
-            trials.append(Trial(layout=layout, status=PRUNED_BY_MEMORY))
-            on_trial(trials[-1])
-            continue
-        ranked.append((time_floor_s(cost, lengths, strategy), layout.label(), layout, config))
-    ranked.sort(key=lambda r: (r[0], r[1]))
-    best = 0.0
-    for floor, _, layout, config in ranked:
-        if not exhaustive and tokens / floor <= best:
-            trials.append(Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor))
+    def __init__(self, strategy: str, candidates: Sequence[tuple[Layout, Config]],
+                 batches: Sequence[Sequence[Sample]], screen: Window, *, exhaustive: bool) -> None:
+        self.strategy, self.screen, self.exhaustive = strategy, screen, exhaustive
+        lengths = [[s.length for s in b] for b in batches]
+        self.tokens = sum(map(sum, lengths))
+        longest = max(max(b) for b in lengths if b)
+        self.pruned_first: list[Trial] = []
+        ranked = []
+        for layout, config in candidates:
+            cost = CostModel(config)
+            if not exhaustive and memory_floor_bytes(cost, longest, strategy) > config.cluster.usable_memory_bytes:
+                self.pruned_first.append(Trial(layout=layout, status=PRUNED_BY_MEMORY))
+                continue
+            ranked.append((time_floor_s(cost, lengths, strategy), layout.label(), layout, config))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        self.ranked = ranked
+        self.decided: list[Trial] = []
+        """Screening in rank order: the prefix the in-order search has settled."""
+        self.results: dict[int, Trial] = {}
+        self.submitted: set[int] = set()
+        self.best = 0.0
+        self.ahead_discarded = 0
+        self.confirm_order: list[Trial] = []
+        """Screened layouts to confirm, best first (set when screening is settled)."""
+        self.confirm_first = -1
+        """How many front runners are confirmed together (-1: screening not settled yet)."""
+        self.confirmed: dict[int, Trial] = {}
+        self.confirm_submitted = 0
+        self.running = 0
+
+    # ---- screening -----------------------------------------------------------------------------
+    def _could_win(self, rank: int) -> bool:
+        return self.exhaustive or self.tokens / self.ranked[rank][0] > self.best
+
+    def settle(self) -> list[Trial]:
+        """Settle what the in-order search can: the new screening trials, in order."""
+        new: list[Trial] = []
+        while len(self.decided) < len(self.ranked):
+            rank = len(self.decided)
+            if not self._could_win(rank):  # floors rise and the best only grows: all the rest too
+                pruned = [Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor)
+                          for floor, _, layout, _ in self.ranked[rank:]]
+                self.ahead_discarded += len(self.results)
+                self.results.clear()
+                self.decided += pruned
+                new += pruned
+                break
+            if rank not in self.results:
+                break
+            trial = self.results.pop(rank)
+            self.decided.append(trial)
+            new.append(trial)
+            if trial.ok:
+                self.best = max(self.best, trial.tokens_per_s)
+        return new
+
+    def receive(self, rank: int, trial: Trial) -> None:
+        """A screening result; one for a layout the in-order search has since pruned is dropped."""
+        if rank < len(self.decided):
+            self.ahead_discarded += 1
         else:
-            trials.append(_simulate(strategy, layout, config, dataset, len(batches), floor))
-            if trials[-1].ok:
-                best = max(best, trials[-1].tokens_per_s)
-        on_trial(trials[-1])
-    return StrategyTuning(strategy=strategy, trials=tuple(trials))
+            self.results[rank] = trial
+
+    @property
+    def screened(self) -> bool:
+        return len(self.decided) == len(self.ranked)
+
+    def next_screen(self, *, ahead: bool) -> int | None:
+        """The frontier layout if not yet running; with ``ahead``, else the next one that could
+        still win."""
+        frontier = len(self.decided)
+        last = len(self.ranked) if ahead else min(frontier + 1, len(self.ranked))
+        return next((r for r in range(frontier, last) if r not in self.submitted and self._could_win(r)), None)
+
+    def screen_task(self, rank: int) -> Task:
+        self.submitted.add(rank)
+        floor, _, layout, config = self.ranked[rank]
+        return Task(self.strategy, layout, config, "screen", self.screen, None if self.exhaustive else floor,
+                    reject_oom=not self.exhaustive)
+
+    # ---- confirmation --------------------------------------------------------------------------
+    def start_confirming(self, confirm: int, within: float) -> None:
+        """Rank the screened layouts for confirmation: the front runners are the first ones within
+        ``within`` of the best, at most ``confirm``."""
+        self.confirm_order = sorted((t for t in self.decided if t.ok), key=lambda t: -t.tokens_per_s)
+        top = self.confirm_order[0].tokens_per_s if self.confirm_order else 0.0
+        self.confirm_first = sum(1 for t in self.confirm_order[:confirm] if t.tokens_per_s >= (1 - within) * top)
+
+    def _confirmed_one(self) -> bool:
+        return any(t.ok for t in self.confirmed.values())
+
+    def next_confirm(self) -> int | None:
+        """The next screened layout to confirm: the front runners together, then, only if none of
+        them ran the window, the next one, one at a time."""
+        n = self.confirm_submitted
+        if n >= len(self.confirm_order):
+            return None
+        if n < self.confirm_first or (len(self.confirmed) == n and not self._confirmed_one()):
+            self.confirm_submitted += 1
+            return n
+        return None
+
+    def confirm_task(self, index: int, window: Window) -> Task:
+        layout = self.confirm_order[index].layout
+        config = next(c for _, _, lay, c in self.ranked if lay == layout)
+        return Task(self.strategy, layout, config, "window", window)
+
+    @property
+    def confirming(self) -> bool:
+        """Whether confirmation trials are still running or due."""
+        if self.confirm_first < 0 or len(self.confirmed) < self.confirm_submitted \
+                or self.confirm_submitted < self.confirm_first:
+            return True
+        return not self._confirmed_one() and self.confirm_submitted < len(self.confirm_order)
+
+    def tuning(self) -> StrategyTuning:
+        confirmed = tuple(t for _, t in sorted(self.confirmed.items()))
+        return StrategyTuning(strategy=self.strategy, trials=(*self.pruned_first, *self.decided), confirmed=confirmed)
 
 
-def _simulate(strategy: str, layout: Layout, config: Config, dataset: Dataset, steps: int, floor: float) -> Trial:
-    """The strategy over steps ``0 .. steps - 1`` as the measured window (no warm-up; see compare.run)."""
-    began = time.perf_counter()
-    run = run_strategy(strategy, config, dataset, Window(warmup_steps=0, steps=steps))
-    wall = time.perf_counter() - began
-    row = run.metrics()
-    if row.failed_steps:
-        return Trial(layout=layout, status=f"failed: {_reason(row.errors[0])}", floor_s=floor, wall_s=wall)
-    if row.oom_steps:
-        return Trial(layout=layout, status="simulated: exceeds GPU memory", floor_s=floor, wall_s=wall,
-                     peak_memory_bytes=row.peak_memory_bytes)
-    # a deferring strategy's drain counts: the time floor bounds the whole batches' time
-    return Trial(layout=layout, status="simulated", floor_s=floor, tokens_per_s=row.tokens_per_s_with_drain,
-                 efficiency=row.efficiency, step_time_s=row.step_time_mean_s,
-                 peak_memory_bytes=row.peak_memory_bytes, wall_s=wall)
+def _next_task(searches: Sequence[_Search], window: Window | None) -> tuple[_Search, Task, int] | None:
+    """What an idle worker runs: a due confirmation, else the frontier layout of the search with
+    the fewest trials running, else a layout screened ahead."""
+    if window is not None:
+        for search in searches:
+            index = search.next_confirm() if search.confirm_first >= 0 else None
+            if index is not None:
+                return search, search.confirm_task(index, window), index
+    for ahead in (False, True):
+        for search in sorted(searches, key=lambda s: s.running):
+            rank = search.next_screen(ahead=ahead)
+            if rank is not None:
+                return search, search.screen_task(rank), rank
+    return None
 
 
-def _in_workers(workers: int, strategies: Sequence[str], candidates: Sequence[tuple[Layout, Config]],
-                batches: Sequence[Sequence[Sample]], dataset: Dataset, exhaustive: bool,
-                on_trial: Callable[[str, Trial], None]) -> tuple[StrategyTuning, ...]:
-    """One strategy per task; each search is sequential (its pruning needs its best so far)."""
-    done: dict[str, StrategyTuning] = {}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(tune_strategy, name, candidates, batches, dataset, exhaustive=exhaustive): name
-                   for name in strategies}
-        for future in as_completed(futures):
-            tuning = future.result()
-            done[tuning.strategy] = tuning
-            for trial in tuning.trials:
-                on_trial(tuning.strategy, trial)
-    return tuple(done[name] for name in strategies)
+def _run(searches: Sequence[_Search], trials: Trials, window: Window | None, confirm: int, within: float,
+         on_trial: Callable[[str, Trial], None]) -> None:
+    """Keep the workers busy until every search is settled and confirmed."""
+    running: dict[Future[Trial], tuple[_Search, Task, int]] = {}
+    while True:
+        for search in searches:
+            for trial in search.settle():
+                on_trial(search.strategy, trial)
+            if search.screened and window is not None and search.confirm_first < 0:
+                search.start_confirming(confirm, within)
+        while len(running) < trials.workers and (job := _next_task(searches, window)) is not None:
+            search, task, index = job
+            search.running += 1
+            running[trials.submit(task)] = (search, task, index)
+        if not running:
+            assert all(s.screened and not (window is not None and s.confirming) for s in searches)
+            return
+        finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in finished:
+            search, task, index = running.pop(future)
+            search.running -= 1
+            trial = future.result()
+            if task.phase == "window":
+                search.confirmed[index] = trial
+                on_trial(search.strategy, trial)
+            else:
+                search.receive(index, trial)
 
 
-def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, steps: int = 1,
+def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, screen_steps: int = 1,
+         window: Window | None = PROTOCOL_WINDOW, confirm: int = CONFIRM, confirm_within: float = CONFIRM_WITHIN,
          exhaustive: bool = False, workers: int = 1, on_candidates: Callable[[int], None] = lambda n: None,
          on_trial: Callable[[str, Trial], None] = lambda s, t: None) -> TuneResult:
     """The best layout of each strategy for ``num_gpus`` GPUs; ``base`` gives the model, cluster,
     context, batch and planner settings (its parallel layout and recomputation are searched).
-    ``workers`` > 1 searches that many strategies at once in worker processes (``on_trial`` then
-    hears of a strategy's trials when it is done)."""
+    Layouts are screened over steps ``0 .. screen_steps - 1``; the front runners (``confirm``, 0 =
+    none) are confirmed over ``window`` (see the module docstring). ``workers`` > 1 runs trials in
+    that many worker processes. ``on_trial`` hears of each screening trial as the search settles it
+    and of each confirmation as it ends."""
     check_strategies(strategies)
-    if steps < 1:
-        raise UserError(f"--steps must be >= 1, got {steps}")
+    if screen_steps < 1:
+        raise UserError(f"--screen-steps must be >= 1, got {screen_steps}")
+    if confirm < 0:
+        raise UserError(f"--confirm must be >= 0, got {confirm}")
+    window = window if confirm else None
     began = time.perf_counter()
-    batches = stream_batches(dataset, base, steps)
+    batches = stream_batches(dataset, base, screen_steps)
     candidates, skipped = candidate_layouts(base, num_gpus, batches)
     if not candidates:
         reasons = "; ".join(f"{n}x {r}" for r, n in skipped.most_common(3))
         raise UserError(f"no layout of {num_gpus} GPUs can hold {base.model.name} ({reasons})")
     on_candidates(len(candidates))
-    if workers > 1 and len(strategies) > 1:
-        results = _in_workers(workers, strategies, candidates, batches, dataset, exhaustive, on_trial)
-    else:
-        results = tuple(tune_strategy(name, candidates, batches, dataset, exhaustive=exhaustive,
-                                      on_trial=lambda t, name=name: on_trial(name, t)) for name in strategies)
-    return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, steps=steps, strategies=results,
-                      skipped=skipped, wall_s=time.perf_counter() - began)
+    screen = Window(warmup_steps=0, steps=screen_steps)
+    searches = [_Search(name, candidates, batches, screen, exhaustive=exhaustive) for name in strategies]
+    for search in searches:
+        for trial in search.pruned_first:
+            on_trial(search.strategy, trial)
+    trials = Trials(dataset, workers)
+    try:
+        _run(searches, trials, window, confirm, confirm_within, on_trial)
+    finally:
+        trials.close()
+    return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, screen=screen, window=window,
+                      strategies=tuple(s.tuning() for s in searches), skipped=skipped,
+                      wall_s=time.perf_counter() - began, workers=workers,
+                      ahead_discarded=sum(s.ahead_discarded for s in searches))

@@ -1,0 +1,134 @@
+"""One trial of ``tune``: a strategy on a layout over a window of steps, run in this process or in
+a worker process (``Trials``), and what it found (``Trial``).
+
+A trial screens (the search's one-step figure, plans out of memory rejected before simulating) or
+confirms (the comparison protocol's warm-up and measured window, ``compare.run``).
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from slimpack.compare.run import Window, run_strategy
+from slimpack.config import Config
+from slimpack.cost import CostModel
+from slimpack.data import Dataset
+from slimpack.plan.types import Plan
+from slimpack.strategies.slimpack.memory import stage_peak_bytes
+from slimpack.tune.layouts import Layout
+
+Phase = Literal["screen", "window"]
+SIMULATED = "simulated"
+SIMULATED_OOM = "simulated: exceeds GPU memory"
+PLAN_OOM = "pruned: its plan exceeds GPU memory (found from the plan's groups and order, not simulated)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trial:
+    """One layout of one strategy, simulated (``tokens_per_s`` set) or not (``status`` says why)."""
+
+    layout: Layout
+    status: str
+    """``simulated``, or why the layout was pruned or failed."""
+    phase: Phase = "screen"
+    """``screen``: the search's steps; ``window``: the comparison protocol's measured window."""
+    floor_s: float | None = None
+    """The time floor of the screened steps (None when pruned by memory first)."""
+    tokens_per_s: float = 0.0
+    efficiency: float | None = None
+    step_time_s: float | None = None
+    peak_memory_bytes: float = 0.0
+    wall_s: float = field(default=0.0, compare=False)
+    """Planning + simulation seconds this trial took (not part of what it found)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == SIMULATED
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    strategy: str
+    layout: Layout
+    config: Config
+    phase: Phase
+    window: Window
+    floor_s: float | None = None
+    reject_oom: bool = False
+    """Fail, unsimulated, a step whose plan exceeds GPU memory (``plan_out_of_memory``)."""
+
+
+def reason(message: str) -> str:
+    """A countable reason: the message's first clause with its numbers replaced by N."""
+    if "optimizer states alone" in message:
+        return "model states (parameters, gradients, optimizer) exceed GPU memory"
+    return re.sub(r"(?<![A-Za-z])\d+(\.\d+)?(?![A-Za-z])", "N", message.split(";")[0])[:140]
+
+
+def plan_out_of_memory(plan: Plan) -> str | None:
+    """``PLAN_OOM`` when a device of the plan would exceed GPU memory: a device runs its actions
+    one after another, so its peak follows from its order alone (``stage_peak_bytes``, equal to
+    the simulator's peak) without the timeline the simulator spends its time on."""
+    cost = CostModel(plan.config)
+    peak = max(max(stage_peak_bytes(pipe, pipe.order, plan.config, cost)) for pipe in plan.pipelines)  # type: ignore[arg-type]
+    return PLAN_OOM if peak > plan.config.cluster.usable_memory_bytes else None
+
+
+def run_trial(task: Task, dataset: Dataset) -> Trial:
+    """The strategy over the task's window: screening uses throughput with the drain (the time
+    floor bounds the whole batches' time, deferred work included); a window trial reports the
+    steady window's throughput, as ``compare`` does."""
+    began = time.perf_counter()
+    screen = plan_out_of_memory if task.reject_oom else None
+    row = run_strategy(task.strategy, task.config, dataset, task.window, screen=screen).metrics()
+    common = {"layout": task.layout, "phase": task.phase, "floor_s": task.floor_s,
+              "wall_s": time.perf_counter() - began}
+    if PLAN_OOM in row.errors:
+        return Trial(status=PLAN_OOM, **common)  # type: ignore[arg-type]
+    if row.failed_steps:
+        return Trial(status=f"failed: {reason(row.errors[0])}", **common)  # type: ignore[arg-type]
+    if row.oom_steps:
+        return Trial(status=SIMULATED_OOM, peak_memory_bytes=row.peak_memory_bytes, **common)  # type: ignore[arg-type]
+    tokens_per_s = row.tokens_per_s_with_drain if task.phase == "screen" else row.tokens_per_s
+    return Trial(status=SIMULATED, tokens_per_s=tokens_per_s, efficiency=row.efficiency,  # type: ignore[arg-type]
+                 step_time_s=row.step_time_mean_s, peak_memory_bytes=row.peak_memory_bytes, **common)
+
+
+_WORKER_DATASET: Dataset | None = None
+
+
+def _init_worker(dataset: Dataset) -> None:
+    global _WORKER_DATASET
+    _WORKER_DATASET = dataset
+
+
+def _run_in_worker(task: Task) -> Trial:
+    assert _WORKER_DATASET is not None
+    return run_trial(task, _WORKER_DATASET)
+
+
+class Trials:
+    """Runs trials: in this process (``workers`` = 1, each at once when submitted) or in a pool of
+    worker processes that each hold the dataset."""
+
+    def __init__(self, dataset: Dataset, workers: int) -> None:
+        self.dataset = dataset
+        self.workers = workers
+        self._pool: Executor | None = (ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(dataset,))
+                                       if workers > 1 else None)
+
+    def submit(self, task: Task) -> Future[Trial]:
+        if self._pool is not None:
+            return self._pool.submit(_run_in_worker, task)
+        done: Future[Trial] = Future()
+        done.set_result(run_trial(task, self.dataset))
+        return done
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
