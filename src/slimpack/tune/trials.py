@@ -19,7 +19,7 @@ from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.data import Dataset
 from slimpack.plan.types import Plan
-from slimpack.strategies.slimpack.memory import stage_peak_bytes
+from slimpack.strategies.slimpack.candidates import plan_fits
 from slimpack.tune.layouts import Layout
 
 Phase = Literal["screen", "window"]
@@ -74,9 +74,7 @@ def plan_out_of_memory(plan: Plan) -> str | None:
     """``PLAN_OOM`` when a device of the plan would exceed GPU memory: a device runs its actions
     one after another, so its peak follows from its order alone (``stage_peak_bytes``, equal to
     the simulator's peak) without the timeline the simulator spends its time on."""
-    cost = CostModel(plan.config)
-    peak = max(max(stage_peak_bytes(pipe, pipe.order, plan.config, cost)) for pipe in plan.pipelines)  # type: ignore[arg-type]
-    return PLAN_OOM if peak > plan.config.cluster.usable_memory_bytes else None
+    return None if plan_fits(plan, CostModel(plan.config)) else PLAN_OOM
 
 
 def run_trial(task: Task, dataset: Dataset) -> Trial:
