@@ -22,7 +22,7 @@ from operator import sub
 
 import numpy as np
 
-from slimpack.plan.types import Slice
+from slimpack.plan.types import Slice, group_tokens
 
 SliceCost = Callable[[float, float], float]
 """cost(tokens, prefix) of a slice; increasing in tokens."""
@@ -130,7 +130,7 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
             piece = sequence[at]
             # cutting a new sample in a group that holds the last slice of a cut one links their chains
             links = piece.sample_id not in cut_samples and any(s.sample_id in cut_samples for s in group)
-            held = linked + sum(s.tokens for s in group) + piece.tokens
+            held = linked + group_tokens(group) + piece.tokens
             taken, kept = overflow(piece, costs[at], filled, budget, bool(group), cost,
                                    no_cut if links and held > rules.max_linked_tokens else rules, from_end)
             if taken is not None:
@@ -143,7 +143,7 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
                 cut_samples.add(piece.sample_id)
         # the group ends inside a sample that the next group continues: the run goes on
         ends_inside = bool(group) and at < len(sequence) and group[-1].sample_id == sequence[at].sample_id
-        linked = linked + sum(s.tokens for s in group) if ends_inside else 0
+        linked = linked + group_tokens(group) if ends_inside else 0
         groups.append(group)
     return groups
 

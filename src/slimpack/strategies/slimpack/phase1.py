@@ -34,8 +34,8 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     """(item, k) for each outlier to run on k merged replicas, heaviest first. ``min_ways[i]`` is the
     fewest replicas item i needs for memory (1 when one pipeline holds it); ``merge_share=None``
     turns DP-Merge off (memory-bound items then stay on one replica and will be reported OOM). A
-memory-bound item left without replicas of its own is placed by ``balance`` on a merged pipeline
-that is wide enough."""
+    memory-bound item left without replicas of its own is placed by ``balance`` on a merged
+    pipeline that is wide enough."""
     if merge_share is None or dp == 1:
         return []
     share = sum(costs) / dp
