@@ -20,9 +20,8 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -98,6 +97,7 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._linked_caps: dict[int, float] = {}
         self._laid_out: dict[tuple[int, ...], list[Slice]] = {}
         """A bin's samples laid out longest first as whole slices (every shape cuts that sequence)."""
         self._ids = self._lengths = np.zeros(0, dtype=np.int64)
@@ -134,12 +134,14 @@ class SlimPackPlanner:
                                           largest_group_tokens=self.config.train.max_context))
                 for k in range(1, par.dp + 1)]
 
-    @functools.cache  # noqa: B019 (one planner per config; cp takes a few values)
     def _linked_cap(self, cp: int) -> float:
         """The most tokens a run of groups linked by cut samples may hold (``CutRules``): what
-        every stage can keep at once beside a context-length group's working set."""
-        return max(0.0, min(activation_cap_tokens(self.config, self.cost, cp=cp,
-                                                  largest_group_tokens=self.config.train.max_context)))
+        every stage can keep at once beside a context-length group's working set (per cp, kept on
+        the planner: ``tune`` makes a planner per layout, and a class-level cache would keep them all)."""
+        if cp not in self._linked_caps:
+            self._linked_caps[cp] = max(0.0, min(activation_cap_tokens(
+                self.config, self.cost, cp=cp, largest_group_tokens=self.config.train.max_context)))
+        return self._linked_caps[cp]
 
     def _head_is_heavy(self) -> bool:
         """Whether the LM head adds more than 5% to the last stage's per-token work."""
@@ -369,14 +371,18 @@ class SlimPackPlanner:
         return out
 
     def _reshape_slow(self, bins: Sequence[Bin], pipelines: Sequence[PipelinePlan], samples: Sequence[Sample],
-                      ranked: Sequence[Shape], expected_s: float) -> tuple[list[PipelinePlan], int]:
+                      ranked: Sequence[Shape], expected_s: float, bounded: Collection[int] = ()
+                      ) -> tuple[list[PipelinePlan], int]:
         """The shape was scored on the pipelines that decide the step (the most loaded, the most
         tokens, the longest sample), yet another can come out slower: its chains or its memory
         differ. Each pipeline that simulates more than SLOW_PIPELINE over the score is rebuilt with
         the next ranked shapes (pipelines need not share a shape) and the fastest that fits stays.
+        The ``bounded`` pipelines (indices) are not simulated again: the score already bounds them.
         Returns the pipelines and how many changed."""
         out, reshaped = list(pipelines), 0
         for i, (bin_, pipe) in enumerate(zip(bins, pipelines, strict=True)):
+            if i in bounded:
+                continue
             best_s = self._simulate([(bin_, pipe)], samples)[1]
             if best_s <= (1 + SLOW_PIPELINE) * expected_s:
                 continue
@@ -450,7 +456,11 @@ class SlimPackPlanner:
                 pipe, fitting = (pipe, False) if found is None else (found, fitting)
                 fallbacks += 1
             pipelines.append(pipe)
-        pipelines, reshaped = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1])
+        # the pipelines scored as they stand: the score (their sub-plan's step) bounds each one's
+        scored = {(b.replicas, b.items) for b in self._scored_bins(bins, samples)}
+        bounded = {i for i, (b, p) in enumerate(zip(bins, pipelines, strict=True))
+                   if (b.replicas, b.items) in scored and self._built.get((b.replicas, b.items, shape)) is p}
+        pipelines, reshaped = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1], bounded)
         # formations are reported in the plan only (scoring does not need them)
         pipelines = [dataclasses.replace(p, formations=formations(p.forward)) for p in pipelines]  # type: ignore[arg-type]
         info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
