@@ -1,12 +1,12 @@
 """``step_time`` and ``step_and_peak``: the simulator's step time (and peak memory) without the rest of its
-result, and ``step_time``'s early give-up for ruling plans out."""
+result, and the early give-up (of ``step_time`` and ``pipelines_step_and_peak``) for ruling plans out."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from random_plans import plans
 from slimpack.cost import CostModel
-from slimpack.sim import simulate, step_and_peak, step_time
+from slimpack.sim import pipelines_step_and_peak, simulate, step_and_peak, step_time
 
 
 @settings(max_examples=60, deadline=None)
@@ -29,3 +29,17 @@ def test_step_and_peak_are_the_simulated_ones(plan):
     cost = CostModel(plan.config)
     result = simulate(plan, cost, check=False)
     assert step_and_peak(plan, cost) == (result.step_time_s, max(result.peak_memory_bytes))
+
+
+@settings(max_examples=40, deadline=None)
+@given(plans(), st.floats(0.0, 2.0))
+def test_step_and_peak_given_up_are_lower_bounds_past_the_bar(plan, fraction):
+    cost = CostModel(plan.config)
+    result = simulate(plan, cost, check=False)
+    full_step, full_peak = result.step_time_s, max(result.peak_memory_bytes)
+    bar = fraction * full_step
+    step, peak = pipelines_step_and_peak(plan.config, enumerate(plan.pipelines), cost, give_up_at=bar)
+    if bar > full_step:
+        assert (step, peak) == (full_step, full_peak)
+    else:
+        assert bar <= step <= full_step and peak <= full_peak

@@ -16,8 +16,8 @@ from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_gr
 from slimpack.strategies.slimpack.groups import backward_sequence, formations, symmetric_backward
 from slimpack.strategies.slimpack.milp import rebalance
 from slimpack.strategies.slimpack.phase1 import balance, plan_merges
-from slimpack.strategies.slimpack.planner import SlimPackPlanner
-from slimpack.strategies.slimpack.shape import SYMMETRIC, Shape
+from slimpack.strategies.slimpack.planner import EXACT_RANKS, SlimPackPlanner
+from slimpack.strategies.slimpack.shape import SYMMETRIC, Shape, rank
 
 
 def _config(pp=2, dp=2, context=32768, **planner):
@@ -207,11 +207,33 @@ def test_a_pipeline_slower_than_its_shapes_score_is_rebuilt_with_another_shape()
     good = Shape(num_groups=8, backward=SYMMETRIC, slicing=True)
     slow = Shape(num_groups=1, backward=SYMMETRIC, slicing=False)  # one group: no pipelining at all
     pipes = [planner._memo_pipeline(bins[0], batch, good), planner._memo_pipeline(bins[1], batch, slow)]
-    times = [planner._simulate([(b, p)], batch)[1] for b, p in zip(bins, pipes, strict=True)]
+    times = [planner._simulate([p])[1] for p in pipes]
     assert times[1] > 1.3 * times[0]
     out, changed = planner._reshape_slow(bins, pipes, batch, [slow, good], expected_s=times[0])
     assert changed == 1 and out[0] is pipes[0]  # within its score: kept as is
-    assert planner._simulate([(bins[1], out[1])], batch)[1] < times[1]
+    assert planner._simulate([out[1]])[1] < times[1]
+
+
+def test_candidates_given_up_early_leave_the_ranks_the_plan_reads_unchanged(monkeypatch):
+    config = _config(pp=4, dp=4, context=65536, use_milp=False)
+    lengths = [65536, 50000, 40000, 30000] + [int(300 + (i * 7919) % 9000) for i in range(400)]
+    batch = [Sample(id=i, length=n) for i, n in enumerate(lengths)]
+
+    def search(planner: SlimPackPlanner) -> dict:
+        planner.plan(batch, step=0)  # the planner keeps the step's batch for building pipelines
+        return planner._search(balance([float(s.length) for s in batch], 4, []), batch, None)
+
+    def top(scores: dict) -> list:
+        return [(c, scores[c]) for c in sorted(scores, key=lambda c: (rank(scores[c]), c))[:EXACT_RANKS]]
+
+    early = search(SlimPackPlanner(config))
+    monkeypatch.setattr(SlimPackPlanner, "_give_up_at", staticmethod(lambda scores, shape: float("inf")))
+    full = search(SlimPackPlanner(config))
+    assert early.keys() == full.keys()
+    given_up = [c for c in early if early[c] != full[c]]
+    assert given_up  # some were given up: their scores are lower bounds
+    assert all(early[c][1] <= full[c][1] for c in given_up)
+    assert top(early) == top(full)  # the same shapes, bit for bit the same scores
 
 def test_asymmetric_backward_groups_are_balanced_on_backward_cost():
     config = _config(pp=4, dp=1, context=65536, use_milp=False)

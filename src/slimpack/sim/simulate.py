@@ -229,24 +229,39 @@ def pipelines_step_time(config: Config, pipelines: Iterable[tuple[int, PipelineP
     simulated one by one as the iterable yields them: a caller can build a candidate's pipelines
     lazily and stop building as soon as the step is given up."""
     cost = cost or CostModel(config)
-    pp = config.parallel.pp
-    runs: list[_PipelineRun] = []
-    for index, pipe in pipelines:
-        runs.append(_PipelineRun(config, pipe, index, cost))
-        end = _step_end(_ready(runs, pp), cost)  # only grows as pipelines are added
-        if end >= give_up_at:
-            return end
-    return _step_end(_ready(runs, pp), cost)
+    return _step_end(_ready(_runs_until(config, pipelines, cost, give_up_at), config.parallel.pp), cost)
 
 
 def step_and_peak(plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:
     """``simulate(plan, check=False)``'s step time and its highest peak memory of any device
     (``max(peak_memory_bytes)``), bit for bit, without building the spans: what a planner scores a
     candidate on."""
-    cost = cost or CostModel(plan.config)
-    runs = [_PipelineRun(plan.config, pipe, p, cost) for p, pipe in enumerate(plan.pipelines)]
+    return pipelines_step_and_peak(plan.config, enumerate(plan.pipelines), cost)
+
+
+def pipelines_step_and_peak(config: Config, pipelines: Iterable[tuple[int, PipelinePlan]],
+                            cost: CostModel | None = None, *, give_up_at: float = float("inf")
+                            ) -> tuple[float, float]:
+    """``step_and_peak`` of a plan of ``config`` made of ``pipelines``, given up like
+    ``pipelines_step_time``: a step returned at or above ``give_up_at`` is a lower bound, and so is
+    the peak (of the pipelines simulated until then)."""
+    cost = cost or CostModel(config)
+    runs = _runs_until(config, pipelines, cost, give_up_at)
     peak = max((m.peak_bytes for run in runs for m in run.memory(cost)), default=0.0)
-    return _step_end(_ready(runs, plan.config.parallel.pp), cost), peak
+    return _step_end(_ready(runs, config.parallel.pp), cost), peak
+
+
+def _runs_until(config: Config, pipelines: Iterable[tuple[int, PipelinePlan]], cost: CostModel,
+                give_up_at: float) -> list[_PipelineRun]:
+    """``pipelines`` simulated in the order given, until the step they make reaches ``give_up_at``
+    (it only grows as pipelines are added: the step ends after every pipeline's last backward)."""
+    pp = config.parallel.pp
+    runs: list[_PipelineRun] = []
+    for index, pipe in pipelines:
+        runs.append(_PipelineRun(config, pipe, index, cost))
+        if give_up_at < float("inf") and _step_end(_ready(runs, pp), cost) >= give_up_at:
+            break
+    return runs
 
 
 def simulate(plan: Plan, cost: CostModel | None = None, *, check: bool = True,

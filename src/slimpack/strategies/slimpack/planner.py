@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -39,7 +39,7 @@ from slimpack.schedule.builders import (
     interleaved_1f1b,
 )
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
-from slimpack.sim import step_and_peak
+from slimpack.sim import pipelines_step_and_peak
 from slimpack.strategies.slimpack.candidates import safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
@@ -69,6 +69,9 @@ RESHAPES = 3
 """How many of the next ranked shapes such a pipeline tries."""
 LOOKAHEAD_LEADERS = 3
 """How many of the best shapes before the look-ahead step try the look-aheads."""
+EXACT_RANKS = max(LOOKAHEAD_LEADERS, RESHAPES + 1)
+"""The candidates whose rank the plan reads (the winner, the look-ahead leaders, the shapes a slow
+pipeline is rebuilt with): scoring a worse one stops as soon as it shows it ranks below them."""
 MERGE_REBALANCES = 3
 """Times a DP-Merged pipeline's share of the batch is corrected by its simulated finish time."""
 MERGE_FINISH_TOLERANCE = 0.02
@@ -180,8 +183,8 @@ class SlimPackPlanner:
         refined = self._memo_pipeline(bin_, samples, shape, milp)
         if refined == heuristic:
             return heuristic
-        refined_score = self._simulate([(bin_, refined)], samples)
-        if refined_score[0] and rank(refined_score) < rank(self._simulate([(bin_, heuristic)], samples)):
+        refined_score = self._simulate([refined])
+        if refined_score[0] and rank(refined_score) < rank(self._simulate([heuristic])):
             return refined
         milp.results.append(MilpResult([], "rejected by simulation", 0.0, 0.0))
         return heuristic
@@ -253,18 +256,21 @@ class SlimPackPlanner:
         return pipeline.order is not None and fits(pipeline, pipeline.order, self.config, self.cost)
 
     # ---- scoring --------------------------------------------------------------------------
-    def _simulate(self, pipelines: Sequence[tuple[Bin, PipelinePlan]], samples: Sequence[Sample]) -> Score:
+    def _simulate(self, pipelines: Iterable[PipelinePlan], *, give_up_at: float = float("inf")) -> Score:
         """(fits, step time, peak memory) of a sub-plan made of these pipelines alone. The layout
-        keeps its full dp, so the gradient all-reduce costs what it costs in the whole plan."""
-        members = [samples[i] for b, _ in pipelines for i in b.items]
-        plan = Plan(config=self.config, strategy=self.name, samples=tuple(members),
-                    pipelines=tuple(pipe for _, pipe in pipelines))
-        step_s, peak = step_and_peak(plan, self.cost)
+        keeps its full dp, so the gradient all-reduce costs what it costs in the whole plan. With
+        ``give_up_at``, the pipelines (built as they are asked for) stop being simulated once the
+        step reaches it: the score is then a lower bound, which ranks the candidate behind every
+        fitting one faster than ``give_up_at``."""
+        step_s, peak = pipelines_step_and_peak(self.config, enumerate(pipelines), self.cost, give_up_at=give_up_at)
         return peak <= self.config.cluster.usable_memory_bytes, step_s, peak
 
-    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> Score:
-        """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``."""
-        return self._simulate([(b, self._memo_pipeline(b, samples, shape)) for b in bins], samples)
+    def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape, *,
+               give_up_at: float = float("inf")) -> Score:
+        """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape`` (the most
+        loaded first: the likeliest to reach ``give_up_at``)."""
+        heavy_first = sorted(bins, key=lambda b: -b.load / len(b.replicas))
+        return self._simulate((self._memo_pipeline(b, samples, shape) for b in heavy_first), give_up_at=give_up_at)
 
     def _scored_bins(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> list[Bin]:
         """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
@@ -277,6 +283,19 @@ class SlimPackPlanner:
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
         return [bins[b] for b in sorted(picked)]
+
+    @staticmethod
+    def _give_up_at(scores: dict[Shape, Score], shape: Shape) -> float:
+        """Where scoring ``shape`` may stop: the EXACT_RANKS-th fastest fitting time so far. A
+        candidate that reaches it can rank no better than EXACT_RANKS-th, so the ranks the plan
+        reads (the winner, the look-ahead leaders, the reshape shapes) stay exact; the lower ranks
+        may change order, which only the memory fallback ladder reads (it checks every shape it
+        tries). Whole-sample shapes are scored in full: their step is the lead that decides
+        whether the baseline candidates are built."""
+        times = sorted(time_s for fits_, time_s, _ in scores.values() if fits_)
+        if not shape.slicing or len(times) < EXACT_RANKS:
+            return float("inf")
+        return times[EXACT_RANKS - 1]
 
     def _chain_lookahead(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> int:
         """The look-ahead that keeps ``shape``'s pipelines full across their longest chain."""
@@ -301,7 +320,7 @@ class SlimPackPlanner:
 
         def evaluate(candidates: set[Shape]) -> Shape:
             for shape in sorted(candidates - scores.keys()):
-                scores[shape] = self._score(scored_bins, samples, shape)
+                scores[shape] = self._score(scored_bins, samples, shape, give_up_at=self._give_up_at(scores, shape))
             return min(scores, key=lambda c: (rank(scores[c]), c))
 
         knobs = self.config.planner
@@ -360,9 +379,9 @@ class SlimPackPlanner:
             single = [b for b in bins if len(b.replicas) == 1]
             if not single:
                 break
-            merged_s = max(self._simulate([(b, self._memo_pipeline(b, samples, shape))], samples)[1] for b in merged)
+            merged_s = max(self._simulate([self._memo_pipeline(b, samples, shape)])[1] for b in merged)
             heaviest = max(single, key=lambda b: (b.load, -b.replicas[0]))
-            single_s = self._simulate([(heaviest, self._memo_pipeline(heaviest, samples, shape))], samples)[1]
+            single_s = self._simulate([self._memo_pipeline(heaviest, samples, shape)])[1]
             if abs(merged_s - single_s) <= MERGE_FINISH_TOLERANCE * single_s:
                 break
             speed *= single_s / merged_s
@@ -383,12 +402,12 @@ class SlimPackPlanner:
         for i, (bin_, pipe) in enumerate(zip(bins, pipelines, strict=True)):
             if i in bounded:
                 continue
-            best_s = self._simulate([(bin_, pipe)], samples)[1]
+            best_s = self._simulate([pipe])[1]
             if best_s <= (1 + SLOW_PIPELINE) * expected_s:
                 continue
             for other in [s for s in ranked if s != ranked[0]][:RESHAPES]:
                 candidate = self._memo_pipeline(bin_, samples, other)
-                fits_, time_s, _ = self._simulate([(bin_, candidate)], samples)
+                fits_, time_s, _ = self._simulate([candidate])
                 if fits_ and time_s < best_s:
                     out[i], best_s = candidate, time_s
             reshaped += out[i] is not pipe
