@@ -10,7 +10,7 @@ from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_co
 from slimpack.cost import CostModel
 from slimpack.plan import Sample, Slice, plan_to_dict
 from slimpack.plan.check import check_plan
-from slimpack.sim import simulate
+from slimpack.sim import simulate, step_time
 from slimpack.strategies import make_planner
 from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_groups
 from slimpack.strategies.slimpack.groups import backward_sequence, formations, symmetric_backward
@@ -45,6 +45,9 @@ def test_every_plan_validates_and_covers_every_token_once(lengths, pp, dp, switc
     batch = [Sample(id=10 + i, length=n) for i, n in enumerate(lengths)]
     plan = make_planner("slimpack", config).plan(batch, step=3)
     check_plan(plan)
+    slimpack_info = plan.info.get("slimpack", plan.info)  # a candidate that won keeps SlimPack's own info
+    if plan.info["candidate"] == "slimpack":  # the planner's step without a plan-wide simulation: bit for bit
+        assert slimpack_info["step_s"] == step_time(plan)
     for which in ("forward", "backward"):
         covered = _tokens(plan, which)
         for sample in batch:
@@ -209,9 +212,9 @@ def test_a_pipeline_slower_than_its_shapes_score_is_rebuilt_with_another_shape()
     pipes = [planner._memo_pipeline(bins[0], batch, good), planner._memo_pipeline(bins[1], batch, slow)]
     times = [planner._simulate([p])[1] for p in pipes]
     assert times[1] > 1.3 * times[0]
-    out, changed = planner._reshape_slow(bins, pipes, batch, [slow, good], expected_s=times[0])
+    out, changed, kept_times = planner._reshape_slow(bins, pipes, batch, [slow, good], expected_s=times[0])
     assert changed == 1 and out[0] is pipes[0]  # within its score: kept as is
-    assert planner._simulate([out[1]])[1] < times[1]
+    assert kept_times[0] == times[0] and planner._simulate([out[1]])[1] == kept_times[1] < times[1]
 
 
 def test_candidates_given_up_early_leave_the_ranks_the_plan_reads_unchanged(monkeypatch):

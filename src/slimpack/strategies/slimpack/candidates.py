@@ -22,7 +22,7 @@ from functools import partial
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, group_tokens
-from slimpack.sim import pipelines_step_time, step_time
+from slimpack.sim import pipelines_step_time
 from slimpack.strategies.base import cut_to_context, whole
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -36,7 +36,7 @@ time where SlimPack leads."""
 TIGHT_MEMORY = 0.8
 """Where SlimPack's plan fills more than this share of usable memory its schedule is throttled by
 the cap, and slice-level 1F1B (which holds less) may win however clear its lead over whole-sample
-packing: the candidates are then always tried."""
+packing: the slice-level candidates are then always tried."""
 KK_MAX_SAMPLES = 4096
 """Karmarkar-Karp's planning time grows fast with the batch (seconds at ~8K samples): above this
 many samples it is left out of the candidates."""
@@ -146,21 +146,26 @@ def _kept(pipelines: Iterator[tuple[int, PipelinePlan]], into: dict[int, Pipelin
 
 
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
-    """``plan`` (SlimPack's; ``fitting``: every pipeline fits) or a candidate's plan that the
-    simulator finds faster, or that fits when ``plan`` does not. ``lead``: SlimPack's simulated
-    step over its own whole-sample packing's (scored on the same pipelines); the candidates are
-    skipped when the lead is clear and memory is not tight. Raises a ``UserError`` when nothing
-    fits."""
+    """``plan`` (SlimPack's, with its simulated step in ``info["step_s"]``; ``fitting``: every
+    pipeline fits) or a candidate's plan that the simulator finds faster, or that fits when
+    ``plan`` does not. ``lead``: SlimPack's simulated step over its own whole-sample packing's
+    (scored on the same pipelines); with a clear lead the whole-sample candidates are skipped, and
+    the slice-level ones too unless memory is tight. Raises a ``UserError`` when nothing fits."""
+    clear_lead = fitting and lead < 1 - CLEAR_LEAD
     if fitting:
         if len(batch) > CANDIDATES_MAX_SAMPLES:
             return plan
         tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
-        if lead < 1 - CLEAR_LEAD and not tight:
+        if clear_lead and not tight:
             return plan
+    # with a clear lead only memory is the reason to look, and whole-sequence 1F1B holds more than
+    # SlimPack's plan: only the slice-level candidates can win there (and in the stress sweep no
+    # whole-sample baseline won a cell where SlimPack's lead over its own whole-sample packing was
+    # under 0.987)
+    planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
     # a candidate replaces a fitting plan only if it is strictly faster
-    planned = [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
     found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
-                            beat=step_time(plan, cost) if fitting else float("inf"))
+                            beat=plan.info["step_s"] if fitting else float("inf"))
     if fitting and found is None:
         return plan
     if found is None:

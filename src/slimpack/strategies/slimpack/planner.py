@@ -39,7 +39,7 @@ from slimpack.schedule.builders import (
     interleaved_1f1b,
 )
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
-from slimpack.sim import pipelines_step_and_peak
+from slimpack.sim import pipelines_step_and_peak, pipelines_step_time, step_time
 from slimpack.strategies.slimpack.candidates import safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
@@ -395,27 +395,28 @@ class SlimPackPlanner:
 
     def _reshape_slow(self, bins: Sequence[Bin], pipelines: Sequence[PipelinePlan], samples: Sequence[Sample],
                       ranked: Sequence[Shape], expected_s: float, bounded: Collection[int] = ()
-                      ) -> tuple[list[PipelinePlan], int]:
+                      ) -> tuple[list[PipelinePlan], int, list[float]]:
         """The shape was scored on the pipelines that decide the step (the most loaded, the most
         tokens, the longest sample), yet another can come out slower: its chains or its memory
         differ. Each pipeline that simulates more than SLOW_PIPELINE over the score is rebuilt with
         the next ranked shapes (pipelines need not share a shape) and the fastest that fits stays.
         The ``bounded`` pipelines (indices) are not simulated again: the score already bounds them.
-        Returns the pipelines and how many changed."""
-        out, reshaped = list(pipelines), 0
+        Returns the pipelines, how many changed, and the simulated step of each pipeline not
+        bounded (alone, as kept)."""
+        out, reshaped, times = list(pipelines), 0, []
         for i, (bin_, pipe) in enumerate(zip(bins, pipelines, strict=True)):
             if i in bounded:
                 continue
-            best_s = self._simulate([pipe])[1]
-            if best_s <= (1 + SLOW_PIPELINE) * expected_s:
-                continue
-            for other in [s for s in ranked if s != ranked[0]][:RESHAPES]:
-                candidate = self._memo_pipeline(bin_, samples, other)
-                fits_, time_s, _ = self._simulate([candidate])
-                if fits_ and time_s < best_s:
-                    out[i], best_s = candidate, time_s
+            best_s = pipelines_step_time(self.config, [(0, pipe)], self.cost)
+            if best_s > (1 + SLOW_PIPELINE) * expected_s:
+                for other in [s for s in ranked if s != ranked[0]][:RESHAPES]:
+                    candidate = self._memo_pipeline(bin_, samples, other)
+                    fits_, time_s, _ = self._simulate([candidate])
+                    if fits_ and time_s < best_s:
+                        out[i], best_s = candidate, time_s
             reshaped += out[i] is not pipe
-        return out, reshaped
+            times.append(best_s)
+        return out, reshaped, times
 
     def _fallbacks(self, shape: Shape, ranked: Sequence[Shape]) -> list[Shape]:
         """Shapes to try, in order, for a pipeline that does not fit with ``shape``: the other
@@ -483,7 +484,7 @@ class SlimPackPlanner:
         scored = {(b.replicas, b.items) for b in self._scored_bins(bins, samples)}
         bounded = {i for i, (b, p) in enumerate(zip(bins, pipelines, strict=True))
                    if (b.replicas, b.items) in scored and self._built.get((b.replicas, b.items, shape)) is p}
-        pipelines, reshaped = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1], bounded)
+        pipelines, reshaped, times = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1], bounded)
         # formations are reported in the plan only (scoring does not need them)
         pipelines = [dataclasses.replace(p, formations=formations(p.forward)) for p in pipelines]  # type: ignore[arg-type]
         info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
@@ -498,6 +499,11 @@ class SlimPackPlanner:
         info["step_over_whole_samples"] = lead
         plan = Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
                     pipelines=tuple(pipelines), info=info)
+        # a plan's step is the slowest of its pipelines' steps alone (the gradient all-reduce and
+        # optimizer of a stage wait for every pipeline): with every scored pipeline kept, the
+        # score and the times of the others give it without simulating the plan again
+        step_s = max([scores[shape][1], *times]) if len(bounded) == len(scored) else step_time(plan, self.cost)
+        plan = dataclasses.replace(plan, info={**info, "step_s": step_s})
         plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
 
