@@ -282,3 +282,26 @@ def test_each_ablation_switch_still_gives_valid_plans(flag):
     plan = make_planner("slimpack", config).plan(batch, step=0)
     check_plan(plan)
     assert simulate(plan).step_time_s > 0
+
+
+def test_planning_pauses_the_cycle_collector_and_restores_its_state(monkeypatch):
+    import gc
+
+    config = _config(pp=2, dp=2, context=32768)
+    batch = [Sample(id=i, length=n) for i, n in enumerate([30000, 9000] + [1500] * 20)]
+    seen = []
+    planner = SlimPackPlanner(config)
+    original = SlimPackPlanner._plan
+    monkeypatch.setattr(SlimPackPlanner, "_plan", lambda self, b, *, step: seen.append(gc.isenabled()) or original(self, b, step=step))
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            planner.plan(batch, step=0)
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+    assert seen == [False, False]
+    monkeypatch.setattr(SlimPackPlanner, "_plan", lambda self, b, *, step: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        planner.plan(batch, step=1)
+    assert gc.isenabled()  # restored on the way out of an error too
