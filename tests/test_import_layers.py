@@ -13,7 +13,7 @@ from pathlib import Path
 import slimpack
 
 LAYERS = (
-    ("errors", "files", "units"),
+    ("errors", "files", "units", "collector"),
     ("config",),
     ("cost",),
     ("data",),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from slimpack.collector import collector_paused
 from slimpack.compare.row import StrategyRow, percentile
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -209,11 +210,12 @@ def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Pha
                           delayed_token_steps=0, held_tokens=stream.held_tokens), None
 
     try:
-        planned = make_step()
-        rejected = screen(planned.plan) if screen is not None else None
-        if rejected is not None:
-            return failed(rejected)
-        result = simulate(planned.plan, document_lengths=planned.trained_document_lengths)
+        with collector_paused():  # every strategy's planning and simulation alike
+            planned = make_step()
+            rejected = screen(planned.plan) if screen is not None else None
+            if rejected is not None:
+                return failed(rejected)
+            result = simulate(planned.plan, document_lengths=planned.trained_document_lengths)
     except Exception as exc:  # a strategy's failure on one step must not stop the comparison
         return failed(f"{type(exc).__name__}: {exc}")
     replicas = {p: len(pipe.replicas) for p, pipe in enumerate(planned.plan.pipelines)}
