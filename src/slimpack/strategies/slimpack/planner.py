@@ -64,8 +64,8 @@ longest sample, for memory)."""
 FULL_SEARCH_EVERY = 128
 """Steps whose number is a multiple of this run the full candidate search; the others search
 around the previous step's winner (about a third of the candidates). Consecutive batches of one
-stream are alike, and the seeded search walks: over 15 steps of five regimes its plans simulate
-0.2% faster to 0.3% slower on average than a full search on every step (-3.5% to +2.6% on single
+stream are alike, and the seeded search walks: over 16-40 steps of five regimes its plans simulate
+0.2% faster to 0.1% slower on average than a full search on every step (-3.5% to +2.6% on single
 steps; docs/planner-latency.md), at half the planning time. So the full search runs rarely: at
 step 0, and often enough that seeking a stream replays a bounded number of steps."""
 SLOW_PIPELINE = 0.02
