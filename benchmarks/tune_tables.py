@@ -4,6 +4,7 @@ step, each strategy's front runners confirmed over the comparison window), simul
 default cost model. Writes one JSON and one markdown block per cell into OUT.
 
     python benchmarks/tune_tables.py --datasets wikipedia --contexts 64K,128K,256K --gpus 64,256 --out docs/tune
+    python benchmarks/tune_tables.py --summary docs/tune --gpus 256    # the best-vs-best summary of the cells run
 """
 
 from __future__ import annotations
@@ -49,6 +50,33 @@ def run_cell(model: str, dataset: str, context: int, gpus: int, workers: int, ou
     print(text, flush=True)
 
 
+def summary(out: Path, gpus: int) -> str:
+    """One row per cell of ``gpus`` GPUs in ``out``: SlimPack's best against fixed's best and the
+    best baseline's best, on tokens/s and on efficiency (the same whole-document work basis)."""
+    rows = ["| dataset | context | SlimPack's best layout | efficiency | tokens/s over fixed's best "
+            "| over the best baseline's best, tokens/s | efficiency over the best baseline's best efficiency "
+            "| search wall / CPU s (workers) |",
+            "|---|---|---|---:|---:|---:|---:|---:|"]
+    for path in sorted(out.glob(f"*-{gpus}.json"), key=lambda p: (json.loads(p.read_text())["max_context"], p.name)):
+        cell = json.loads(path.read_text())
+        best = {s["strategy"]: s for s in cell["strategies"] if s["tokens_per_s"]}
+        ours = best.get("slimpack")
+        others = [s for name, s in best.items() if name != "slimpack"]
+        if ours is None or not others:
+            rows.append(f"| {cell['dataset']} | {cell['max_context'] // 1024}K | no plan | | | | | |")
+            continue
+        fastest = max(others, key=lambda s: s["tokens_per_s"])
+        leanest = max(others, key=lambda s: s["efficiency"])
+        fixed = best.get("fixed")
+        over_fixed = f"{ours['tokens_per_s'] / fixed['tokens_per_s']:.2f}x" if fixed else "-"
+        rows.append(f"| {cell['dataset']} | {cell['max_context'] // 1024}K | {ours['layout']} | "
+                    f"{ours['efficiency']:.3f} | {over_fixed} | "
+                    f"{ours['tokens_per_s'] / fastest['tokens_per_s']:.2f}x ({fastest['strategy']}) | "
+                    f"{ours['efficiency'] / leanest['efficiency']:.2f}x ({leanest['strategy']}) | "
+                    f"{cell['wall_s']:.0f} / {cell['cpu_s']:.0f} ({cell['workers']}) |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama2-7b")
@@ -57,7 +85,12 @@ def main() -> None:
     parser.add_argument("--gpus", default="64,256")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="docs/tune")
+    parser.add_argument("--summary", metavar="DIR", help="print the summary table of the cells in DIR and stop")
     args = parser.parse_args()
+    if args.summary:
+        for gpus in map(int, args.gpus.split(",")):
+            print(summary(Path(args.summary), gpus))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for gpus in map(int, args.gpus.split(",")):
