@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from helpers import config, synthetic_batch
 from slimpack.cost import CostModel
+from slimpack.plan import Sample
 from slimpack.sim import pipelines_step_time, simulate
 from slimpack.strategies.slimpack.candidates import (
     Candidate,
@@ -48,3 +49,15 @@ def test_the_fastest_fitting_candidate_wins_only_if_strictly_faster_than_the_bar
         assert fastest_fitting(given_as, cost, beat=times[fastest]) is None
         beaten = fastest_fitting(given_as, cost, beat=times[fastest] * 1.000001)
         assert beaten is not None and beaten[0] == plans[fastest]
+
+
+def test_sliced_sequences_are_spread_over_replicas_by_flops_not_dealt_in_turn():
+    # four sequences of one document each, heaviest first: dealing them in turn gives replica 0 the
+    # heavier of both pairs (32768 + 28000 tokens); by FLOPs the heaviest pairs with the lightest
+    cfg = config(pp=2, dp=2, max_context=32768)
+    lengths = [32768, 30000, 28000, 26000]
+    batch = [Sample(id=i, length=n) for i, n in enumerate(lengths)]
+    candidate = sliced_sequence_plans(batch, 0, cfg)[0]
+    held = {r: sorted(lengths[s.sample_id] for g in pipe.forward for s in g if s.start == 0)
+            for r, pipe in candidate.pipelines()}
+    assert held == {0: [26000, 32768], 1: [28000, 30000]}

@@ -100,7 +100,8 @@ class SlimPipePlanner:
 
     def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int) -> Plan:
         """The plan of ``sequences`` (dealt round-robin over the replicas) at ``n`` slices."""
-        pipelines = [self.pipeline(sequences, replica, n) for replica in range(self.config.parallel.dp)]
+        dp = self.config.parallel.dp
+        pipelines = [self.pipeline(sequences[replica::dp], replica, n) for replica in range(dp)]
         return self.assemble(samples, pipelines, n, step)
 
     def assemble(self, samples: Sequence[Sample], pipelines: Sequence[PipelinePlan], n: int, step: int) -> Plan:
@@ -109,10 +110,9 @@ class SlimPipePlanner:
                     pipelines=tuple(pipelines), info={"num_slices": n})
 
     def pipeline(self, sequences: Sequence[Sequence[Slice]], replica: int, n: int) -> PipelinePlan:
-        """Replica ``replica``'s pipeline: its sequences, each cut into ``n`` slices."""
+        """Replica ``replica``'s pipeline: its ``sequences``, each cut into ``n`` slices."""
         par = self.config.parallel
-        chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost)
-                  for seq in sequences[replica::par.dp]]
+        chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost) for seq in sequences]
         forward = tuple(g for seq in chunks for g in seq)
         backward = tuple(g for seq in chunks for g in reversed(seq))
         pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)

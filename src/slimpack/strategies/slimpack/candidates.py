@@ -23,7 +23,7 @@ from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, group_tokens
 from slimpack.sim import pipelines_step_time
-from slimpack.strategies.base import cut_to_context, whole
+from slimpack.strategies.base import cut_to_context, lpt_assign, whole
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
@@ -92,10 +92,11 @@ class Candidate:
 
 def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Candidate]:
     """SlimPipe's slice-level 1F1B over whole documents: best-fit-decreasing sequences (each within
-    the context), heaviest first dealt round-robin over the replicas, each cut into n equal-token
-    slices (n > 1). Where memory is tight this holds far fewer activations than 1F1B over whole
-    sequences, and unlike SlimPipe itself no document is cut at a sequence boundary. Their pipelines
-    are built the most tokens first (the likeliest to rule a candidate out)."""
+    the context), spread over the replicas by their FLOPs (longest-processing-time first), each
+    cut into n slices of equal cost (n > 1). Where memory is tight this holds far fewer activations
+    than 1F1B over whole sequences, and unlike SlimPipe itself no document is cut at a sequence
+    boundary. Their pipelines are built the most tokens first (the likeliest to rule a candidate
+    out)."""
     from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
 
     if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
@@ -105,14 +106,17 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Ca
     samples = cut_to_context(batch, context)
     bins = best_fit_decreasing([s.length for s in samples], context)
     flops = [sum(float(model_training_flops(config.model, samples[i].length)) for i in b) for b in bins]
+    # by FLOPs, not round-robin: best-fit-decreasing puts the longest documents (the most attention)
+    # in the first sequences, and dealing those in turn gives the first replica the heavier of
+    # every pair (stress cell 67: 3.62 s against 3.45 s for SlimPipe's equal fixed-length sequences)
+    owner = lpt_assign(flops, config.parallel.dp)
     order = sorted(range(len(bins)), key=lambda b: (-flops[b], b))
-    sequences = [[whole(samples[i]) for i in bins[b]] for b in order]
-    dp = config.parallel.dp
-    tokens = [sum(map(group_tokens, sequences[r::dp])) for r in range(dp)]
-    heavy_first = sorted(range(dp), key=lambda r: (-tokens[r], r))
+    own = [[[whole(samples[i]) for i in bins[b]] for b in order if owner[b] == r] for r in range(config.parallel.dp)]
+    tokens = [sum(map(group_tokens, sequences)) for sequences in own]
+    heavy_first = sorted(range(len(own)), key=lambda r: (-tokens[r], r))
 
     def pipelines(n: int) -> Iterator[tuple[int, PipelinePlan]]:
-        return ((r, planner.pipeline(sequences, r, n)) for r in heavy_first)
+        return ((r, planner.pipeline(own[r], r, n)) for r in heavy_first)
 
     return [Candidate(pipelines=partial(pipelines, n), assemble=partial(planner.assemble, samples, n=n, step=step))
             for n in planner.candidates if n > 1]
