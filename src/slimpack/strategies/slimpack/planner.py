@@ -272,14 +272,13 @@ class SlimPackPlanner:
 
     def _score(self, bins: Sequence[Bin], samples: Sequence[Sample], shape: Shape, *,
                give_up_at: float = float("inf")) -> Score:
-        """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape`` (the most
-        loaded first: the likeliest to reach ``give_up_at``)."""
-        heavy_first = sorted(bins, key=lambda b: -b.load / len(b.replicas))
-        return self._simulate((self._memo_pipeline(b, samples, shape) for b in heavy_first), give_up_at=give_up_at)
+        """(fits, step time, peak memory) of ``bins``' pipelines built with ``shape``, in the order
+        given (``_scored_bins``: the most loaded first, the likeliest to reach ``give_up_at``)."""
+        return self._simulate((self._memo_pipeline(b, samples, shape) for b in bins), give_up_at=give_up_at)
 
     def _scored_bins(self, bins: Sequence[Bin], samples: Sequence[Sample]) -> list[Bin]:
-        """The pipelines that decide a candidate's score: the most loaded ones (step time) and the
-        ones with the longest sample or the most tokens (peak memory)."""
+        """The pipelines that decide a candidate's score, the most loaded first: the most loaded
+        ones (step time) and the ones with the longest sample or the most tokens (peak memory)."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
         held = [self._lengths[list(b.items)] for b in bins]
         tokens_of = [int(h.sum()) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
@@ -287,7 +286,7 @@ class SlimPackPlanner:
         merged = {b for b in range(len(bins)) if len(bins[b].replicas) > 1}  # their speed is estimated
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
-        return [bins[b] for b in sorted(picked)]
+        return [bins[b] for b in heavy if b in picked]  # the most loaded first
 
     @staticmethod
     def _give_up_at(scores: dict[Shape, Score], shape: Shape) -> float:
