@@ -76,25 +76,41 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             near.append(("B", vstage))
         return tuple(stream for stream in near if stream in position)
 
+    # Each device's pick changes only when its own time or memory moves (it ran the last action)
+    # or one of its streams' heads moves (``waiting_on``), so picks are kept per device and only
+    # those devices' streams are looked at again. Ties go to the earlier stream (``streams`` order).
+    index = {stream: i for i, stream in enumerate(streams)}
+    on_device: list[list[tuple[str, int]]] = [[] for _ in range(pp)]
     for stream in streams:
         heads[stream] = head(stream)
-    remaining = sum(counts.values()) * num_vstages
-    while remaining:
-        best, blocked = None, None
-        for (kind, vstage), entry in heads.items():
+        on_device[stream[1] % pp].append(stream)
+    picks: list[tuple[tuple | None, tuple | None]] = [(None, None)] * pp
+
+    def pick(device: int) -> tuple[tuple | None, tuple | None]:
+        """The device's (runnable, blocked by its memory cap) action that starts first, each as
+        (start, tie order, stream index, key), or None."""
+        best = blocked = None
+        for stream in on_device[device]:
+            entry = heads[stream]
             if entry is None or entry[0] is None:
                 continue
             ready, order, key = entry
-            device = vstage % pp
-            rank = (max(ready, free[device]), order)
-            if kind == "F" and vstage < pp and live[device] + reserve[key[1]][device] > cap_bytes[device]:
-                if blocked is None or rank < blocked[0]:
-                    blocked = (rank, key)
-            elif best is None or rank < best[0]:
-                best = (rank, key)
-        chosen = best or blocked
+            rank = (max(ready, free[device]), order, index[stream], key)
+            if stream[0] == "F" and stream[1] < pp and live[device] + reserve[key[1]][device] > cap_bytes[device]:
+                blocked = rank if blocked is None or rank < blocked else blocked
+            elif best is None or rank < best:
+                best = rank
+        return best, blocked
+
+    stale = set(range(pp))
+    remaining = sum(counts.values()) * num_vstages
+    while remaining:
+        for device in stale:
+            picks[device] = pick(device)
+        runnable = [p[0] for p in picks if p[0] is not None]
+        chosen = min(runnable) if runnable else min((p[1] for p in picks if p[1] is not None), default=None)
         assert chosen is not None, "no action can start: the groups' dependencies form a cycle"
-        (start, _), key = chosen
+        start, _, _, key = chosen
         kind, group, vstage = key
         device = vstage % pp
         finish[key] = free[device] = start + duration(key)
@@ -104,7 +120,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             live[device] += reserve[group][device]
         position[(kind, vstage)] += 1
         orders[device].append(Action(kind, group, vstage // pp))  # type: ignore[arg-type]
+        stale = {device}
         for stream in waiting_on(key):
             heads[stream] = head(stream)
+            stale.add(stream[1] % pp)
         remaining -= 1
     return tuple(tuple(actions) for actions in orders)
