@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from slimpack.config import TrainConfig
 from slimpack.data import (
     Batch,
+    Dataset,
     GlobalBatchSampler,
     SamplerConfig,
     context_cut,
@@ -113,6 +114,20 @@ def test_matches_reference_and_keeps_invariants(lengths, config, num_steps):
         assert tokens == last.epoch * sampler.num_dropped_tokens + int(prefix[prefix > config.max_context].sum())
     if not config.drop_long:
         assert (docs, tokens) == (0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_strategy, configs=st.lists(config_strategy, min_size=2, max_size=3), num_steps=st.integers(1, 12))
+def test_samplers_of_one_dataset_under_other_settings_keep_their_own_batches(lengths, configs, num_steps):
+    """Samplers of one dataset share the epochs they build (``_epochs``): interleaved, each one's
+    batches still follow its own settings."""
+    dataset = Dataset(name="shared", lengths=np.array(lengths), source="test")
+    configs = [c for c in configs if not (c.drop_long and (dataset.lengths > c.max_context).all())]
+    samplers = [GlobalBatchSampler(dataset, c) for c in configs]
+    for step in [*range(num_steps), *reversed(range(num_steps))]:
+        for sampler, config in zip(samplers, configs, strict=True):
+            got = [(s.length, s.doc_index, s.chunk, s.epoch) for s in sampler.batch_at(step).samples]
+            assert got == reference_batches(dataset.lengths, config, step + 1)[step]
 
 
 @settings(max_examples=40, deadline=None)
