@@ -68,12 +68,12 @@ def _slices_by_sample(groups: tuple[tuple[Slice, ...], ...], lengths: dict[int, 
         if not group:
             raise PlanError(f"{where}[{g}]: empty group")
         for k, (sid, start, end) in enumerate(group):
-            at = f"{where}[{g}][{k}] = [{sid}, {start}, {end}]"
-            if sid not in lengths:
-                raise PlanError(f"{at}: unknown sample id {sid}")
-            if sid in deferred:
-                raise PlanError(f"{at}: sample {sid} is deferred but scheduled")
-            if not 0 <= start < end <= lengths[sid]:
+            if sid not in lengths or sid in deferred or not 0 <= start < end <= lengths[sid]:
+                at = f"{where}[{g}][{k}] = [{sid}, {start}, {end}]"  # only when failing: plans hold 10^4+ slices
+                if sid not in lengths:
+                    raise PlanError(f"{at}: unknown sample id {sid}")
+                if sid in deferred:
+                    raise PlanError(f"{at}: sample {sid} is deferred but scheduled")
                 raise PlanError(f"{at}: range is not within [0, {lengths[sid]}) of sample {sid} or is empty")
             out.setdefault(sid, []).append((start, end, g, k))
     return out
