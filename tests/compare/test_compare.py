@@ -5,6 +5,7 @@ import pytest
 
 from slimpack.compare import Window, compare
 from slimpack.compare.row import percentile
+from slimpack.compare.run import run_strategy
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
@@ -161,6 +162,16 @@ def test_a_strategy_that_cannot_run_the_layout_fails_alone():
     assert rows["slimpipe"].failed_steps == (1, 2) and "virtual_stages" in rows["slimpipe"].errors[0]
     assert rows["slimpipe"].efficiency is None
     assert rows["fixed"].failed_steps == () and rows["fixed"].tokens_per_s > 0
+
+
+def test_a_run_told_to_stop_at_its_first_failure_plans_nothing_after_it(monkeypatch):
+    monkeypatch.setitem(STRATEGIES, "flaky", FailsOnStepOne)
+    window = Window(warmup_steps=0, steps=4)
+    whole = run_strategy("flaky", _config(), load_dataset("pydocs"), window)
+    stopped = run_strategy("flaky", _config(), load_dataset("pydocs"), window, stop_at_first_failure=True)
+    assert [s.step for s in whole.steps] == [0, 1, 2, 3]
+    assert [s.step for s in stopped.steps] == [0, 1]
+    assert stopped.metrics().failed_steps == whole.metrics().failed_steps == (1,)
 
 
 def test_a_drain_that_does_not_fit_counts_as_out_of_memory():

@@ -225,10 +225,13 @@ def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Pha
 
 
 def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Window, *, shuffle: bool = False,
-                 on_step: Callable[[], None] = lambda: None, screen: PlanScreen | None = None) -> StrategyRun:
+                 on_step: Callable[[], None] = lambda: None, screen: PlanScreen | None = None,
+                 stop_at_first_failure: bool = False) -> StrategyRun:
     """``name`` over ``window`` (warm-up only when the strategy is stateful), then its drain.
     ``screen`` fails, unsimulated, the steps whose plans it rejects (``tune`` rejects plans out of
-    memory that way: the simulator would find them so at many times the cost)."""
+    memory that way: the simulator would find them so at many times the cost).
+    ``stop_at_first_failure``: end the run at its first step that failed or ran out of memory
+    (``tune`` disqualifies such a run whatever its other steps do)."""
     try:
         stream = PlanStream(dataset, config, name, shuffle=shuffle, start=0)
     except UserError as exc:  # this strategy cannot run this setting: every step fails, others go on
@@ -244,18 +247,26 @@ def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Wind
             on_step()
     records: list[StepRecord] = []
     plans: list[Plan | None] = []
+    def failed() -> bool:
+        last = records[-1].result
+        return stop_at_first_failure and (last is None or last.oom)
+
     while stream.step < window.end_step:
         phase: Phase = "warmup" if stream.step < window.first_step else "window"
         record, plan = _record(stream, lambda: next(stream), phase, screen)
         records.append(record)
         plans.append(plan)
         on_step()
+        if failed():
+            return StrategyRun(name=name, steps=tuple(records), plans=tuple(plans))
     for _ in range(MAX_DRAIN_STEPS):
         if not stream.held_tokens:
             break
         record, plan = _record(stream, stream.drain, "drain", screen)
         records.append(record)
         plans.append(plan)
+        if failed():
+            break
     return StrategyRun(name=name, steps=tuple(records), plans=tuple(plans))
 
 

@@ -83,7 +83,8 @@ def run_trial(task: Task, dataset: Dataset) -> Trial:
     steady window's throughput, as ``compare`` does."""
     began = time.perf_counter()
     screen = plan_out_of_memory if task.reject_oom else None
-    row = run_strategy(task.strategy, task.config, dataset, task.window, screen=screen).metrics()
+    row = run_strategy(task.strategy, task.config, dataset, task.window, screen=screen,
+                       stop_at_first_failure=True).metrics()
     common = {"layout": task.layout, "phase": task.phase, "floor_s": task.floor_s,
               "wall_s": time.perf_counter() - began}
     if PLAN_OOM in row.errors:
