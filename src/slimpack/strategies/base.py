@@ -7,10 +7,11 @@ hold samples back (WLB-LLM's outlier queues) keep their state between steps; the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any, Protocol
 
 from slimpack.config import Config
-from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice
+from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice, group_tokens
 
 
 class Planner(Protocol):
@@ -39,10 +40,34 @@ def symmetric_pipeline(replica: int, groups: Sequence[Group], cp: int) -> Pipeli
 def symmetric_plan(config: Config, strategy: str, step: int, samples: Sequence[Sample],
                    per_replica: Sequence[Sequence[Group]], info: dict[str, Any],
                    deferred: Sequence[int] = ()) -> Plan:
-    """A plan whose replica ``r`` runs ``per_replica[r]`` as symmetric groups (1F1B by default)."""
-    pipelines = tuple(symmetric_pipeline(r, groups, config.parallel.cp) for r, groups in enumerate(per_replica))
+    """A plan whose replica ``r`` runs ``per_replica[r]`` as symmetric groups (1F1B by default;
+    under interleaving, their count padded to a multiple of pp: ``rounds_of``)."""
+    par = config.parallel
+    if par.virtual_stages > 1:
+        per_replica = [rounds_of(groups, par.pp) for groups in per_replica]
+    pipelines = tuple(symmetric_pipeline(r, groups, par.cp) for r, groups in enumerate(per_replica))
     return Plan(config=config, strategy=strategy, step=step, samples=tuple(samples), deferred=tuple(deferred),
                 pipelines=pipelines, info=info)
+
+
+def rounds_of(groups: Sequence[Group], pp: int) -> list[Group]:
+    """``groups`` (micro-batches of whole samples) with their count padded up to a multiple of
+    ``pp``: Megatron's interleaved 1F1B runs micro-batches in rounds of pp, and the frameworks the
+    baselines stand for pad their count so rather than fail (verl rounds its dynamic micro-batch
+    count up to a multiple of the pipeline's micro-batch group, ``num_batches_divided_by``; a
+    Megatron user picks such a count). Padding splits the micro-batch with the most tokens, of those
+    holding more than one sample, into two of about equal tokens, in place (each stays within its
+    token cap). Unchanged where no micro-batch can be split: the schedule then says why it cannot run."""
+    out = list(groups)
+    while len(out) % pp:
+        splittable = [i for i, group in enumerate(out) if len(group) > 1]
+        if not splittable:
+            break
+        i = max(splittable, key=lambda k: (group_tokens(out[k]), -k))
+        before = list(accumulate(end - start for _, start, end in out[i]))  # tokens up to each slice
+        cut = min(range(1, len(before)), key=lambda k: (abs(2 * before[k - 1] - before[-1]), k))
+        out[i:i + 1] = [out[i][:cut], out[i][cut:]]
+    return out
 
 
 def cut_to_context(batch: Sequence[Sample], context: int) -> list[Sample]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from slimpack.config import Config
 from slimpack.plan.types import Plan, Sample, Slice
-from slimpack.strategies.base import symmetric_pipeline
+from slimpack.strategies.base import symmetric_plan
 
 
 def pack_fixed_length(batch: Sequence[Sample], context: int) -> tuple[list[Sample], list[list[Slice]]]:
@@ -52,7 +52,5 @@ class FixedPlanner:
         per_replica: list[list[tuple[Slice, ...]]] = [[] for _ in range(par.dp)]
         for k, seq in enumerate(sequences):
             per_replica[k % par.dp].append(tuple(seq))
-        pipelines = tuple(symmetric_pipeline(r, groups, par.cp) for r, groups in enumerate(per_replica))
-        return Plan(config=self.config, strategy=self.name, step=step, samples=tuple(samples),
-                    pipelines=pipelines, info={"num_sequences": len(sequences),
-                                               "split_documents": len(samples) - len(batch)})
+        return symmetric_plan(self.config, self.name, step, samples, per_replica,
+                              {"num_sequences": len(sequences), "split_documents": len(samples) - len(batch)})
