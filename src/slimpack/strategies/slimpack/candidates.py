@@ -37,9 +37,11 @@ TIGHT_MEMORY = 0.8
 """Where SlimPack's plan fills more than this share of usable memory its schedule is throttled by
 the cap, and slice-level 1F1B (which holds less) may win however clear its lead over whole-sample
 packing: the slice-level candidates are then always tried."""
-KK_MAX_SAMPLES = 4096
-"""Karmarkar-Karp's planning time grows fast with the batch (seconds at ~8K samples): above this
-many samples it is left out of the candidates."""
+KK_MAX_SAMPLES = 8192
+"""Karmarkar-Karp's planning time grows with the batch (one core, wikipedia: 0.06-0.23 s at ~8K
+samples, 0.4-0.5 s at ~16.7K, 1.1 s at ~25K, measured while two other processes ran): above this
+many samples it is left out of the candidates. At 4,096 it was left out of stress cell 125 (4,391
+samples), where it plans 1% faster than SlimPack's own plan."""
 CANDIDATES_MAX_SAMPLES = 24576
 """Above this many samples (about 384 GPUs at 64K tokens per GPU on wikipedia) the baseline
 candidates are built only when SlimPack's own plan does not fit: planning and simulating them
