@@ -247,7 +247,9 @@ def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Wind
             on_step()
     records: list[StepRecord] = []
     plans: list[Plan | None] = []
-    def failed() -> bool:
+
+    def stop() -> bool:
+        """With ``stop_at_first_failure``: whether the last step failed or ran out of memory."""
         last = records[-1].result
         return stop_at_first_failure and (last is None or last.oom)
 
@@ -257,16 +259,17 @@ def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Wind
         records.append(record)
         plans.append(plan)
         on_step()
-        if failed():
-            return StrategyRun(name=name, steps=tuple(records), plans=tuple(plans))
-    for _ in range(MAX_DRAIN_STEPS):
-        if not stream.held_tokens:
+        if stop():
             break
-        record, plan = _record(stream, stream.drain, "drain", screen)
-        records.append(record)
-        plans.append(plan)
-        if failed():
-            break
+    else:  # the window ran to its end: then the drain
+        for _ in range(MAX_DRAIN_STEPS):
+            if not stream.held_tokens:
+                break
+            record, plan = _record(stream, stream.drain, "drain", screen)
+            records.append(record)
+            plans.append(plan)
+            if stop():
+                break
     return StrategyRun(name=name, steps=tuple(records), plans=tuple(plans))
 
 
