@@ -163,11 +163,12 @@ class CostModel:
     def layer_time(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on one transformer layer's forward (or backward) of a group."""
         cp = cp or self.cp
-        total, attention = self._group_sums(tokens, prefix, cp)
+        total, attention = self.group_sums(tokens, prefix, cp)
         return float(self._layer_seconds(total, attention, backward=backward, cp=cp))
 
-    def _group_sums(self, tokens: ArrayLike, prefix: ArrayLike, cp: int) -> tuple[float, float]:
-        """A group's token total and the sum of its ``attention_terms`` (0 for an empty group)."""
+    def group_sums(self, tokens: ArrayLike, prefix: ArrayLike, cp: int) -> tuple[float, float]:
+        """A group's token total and the sum of its ``attention_terms`` (0 for an empty group): with
+        ``cells_time`` on arrays of them, ``group_time`` of many groups at once."""
         tokens = np.asarray(tokens, dtype=np.int64)
         total = float(tokens.sum())
         if total <= 0:
@@ -196,7 +197,7 @@ class CostModel:
                    backward: bool, cp: int | None = None) -> float:
         """Seconds one device spends on the forward (or backward) of a group on a model chunk."""
         cp = cp or self.cp
-        total, attention = self._group_sums(tokens, prefix, cp)
+        total, attention = self.group_sums(tokens, prefix, cp)
         return float(self.cells_time(total, attention, virtual_stage=virtual_stage, backward=backward, cp=cp))
 
     def cells_time(self, totals, attention, *, virtual_stage: int, backward: bool, cp: int):

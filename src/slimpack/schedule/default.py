@@ -8,7 +8,8 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
+
+import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -78,18 +79,20 @@ def interleaved_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
     caps = [config.cluster.usable_memory_bytes - cost.model_state_bytes(device) - working for device in range(pp)]
     per_token = [cost.activation_bytes(1.0, virtual_stage=v, cp=cp) for v in range(pp * chunks)]
 
+    # virtual stages of one shape (layers, embedding, head) take the same time: each group's
+    # token total and attention sum once, then every group on each shape in one cost-model call
+    # (the same values, bit for bit, as one ``group_time`` call per group and virtual stage)
     shapes = [cost.chunk_shape(v) for v in range(pp * chunks)]
     like = [shapes.index(shape) for shape in shapes]  # the first virtual stage of the same shape
-
-    @cache  # virtual stages of one shape (layers, embedding, head) take the same time
-    def time_on(kind: str, group: int, shape_stage: int) -> float:
-        slices = groups[kind][group]
-        return cost.group_time([end - start for _, start, end in slices], [start for _, start, _ in slices],
-                               virtual_stage=shape_stage, backward=kind == "B", cp=cp)
+    sums = {kind: np.array([cost.group_sums([end - start for _, start, end in g], [start for _, start, _ in g], cp)
+                            for g in grps]).reshape(-1, 2) for kind, grps in groups.items()}
+    times = {(kind, v): cost.cells_time(sums[kind][:, 0], sums[kind][:, 1], virtual_stage=v,
+                                        backward=kind == "B", cp=cp).tolist()
+             for kind in groups for v in set(like)}
 
     def duration(key: tuple[str, int, int]) -> float:
         kind, group, vstage = key
-        return time_on(kind, group, like[vstage])
+        return times[(kind, like[vstage])][group]
 
     return list_schedule(forward, backward, pp=pp, chunks=chunks, duration=duration,
                          kept_bytes=lambda key: tokens[key[0]][key[1]] * per_token[key[2]], cap_bytes=caps)
