@@ -191,8 +191,10 @@ def test_more_memory_bound_outliers_than_merged_pipelines_still_fit():
     # replicas about 145K. Five 128K samples on four replicas: one gets three replicas of its own,
     # the others cannot, and share that merged pipeline instead of overflowing the single replica
     # (where balancing by cost alone would put the fourth)
+    # (with the whole batch on merged replicas off: memory is tight here, and that plan wins)
     config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=4),
-                          train=TrainConfig(max_context=131072, global_batch_tokens=1 << 20, recompute="none"))
+                          train=TrainConfig(max_context=131072, global_batch_tokens=1 << 20, recompute="none"),
+                          planner=PlannerConfig(use_wide_merge=False))
     batch = [Sample(id=i, length=131072) for i in range(5)] + [Sample(id=i, length=4096) for i in range(5, 60)]
     plan = make_planner("slimpack", config).plan(batch, step=0)
     check_plan(plan)

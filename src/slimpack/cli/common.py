@@ -115,6 +115,7 @@ def context_note(dataset: Dataset, config: Config) -> str:
 PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
                     ("asymmetric", "use_asymmetric", "regroup backward work on backward cost"),
                     ("dp-merge", "use_dp_merge", "merge replicas into a CP group for outliers"),
+                    ("wide-merge", "use_wide_merge", "plan the whole batch on merged replicas where memory is tight"),
                     ("milp", "use_milp", "refine the heuristic with the HiGHS MILP"),
                     ("cost-balance", "use_cost_balance", "balance replicas on cost (use tokens)"),
                     ("lookahead", "use_lookahead", "try running forwards ahead of 1F1B"))

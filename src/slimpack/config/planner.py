@@ -22,6 +22,9 @@ class PlannerConfig(ConfigBase):
     """Ablation switch: regroup backward work balanced on backward cost."""
     use_dp_merge: bool = True
     """Ablation switch: run ultra-long outliers on merged replicas with context parallelism."""
+    use_wide_merge: bool = True
+    """Switch (beyond the paper; needs ``use_dp_merge``): where memory throttles SlimPack's plan,
+    also plan the whole batch on replicas merged k at a time (``strategies.slimpack.merged``)."""
     use_milp: bool = True
     """Ablation switch: refine the heuristic with a MILP (HiGHS)."""
     use_cost_balance: bool = True

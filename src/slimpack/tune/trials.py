@@ -8,6 +8,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -83,7 +84,12 @@ def run_trial(task: Task, dataset: Dataset) -> Trial:
     steady window's throughput, as ``compare`` does."""
     began = time.perf_counter()
     screen = plan_out_of_memory if task.reject_oom else None
-    row = run_strategy(task.strategy, task.config, dataset, task.window, screen=screen,
+    config = task.config
+    if task.phase == "screen":
+        # SlimPack's whole batch on k merged replicas is the plan of the layout with k times the cp
+        # and 1/k the replicas, which the search screens as a layout of its own
+        config = dataclasses.replace(config, planner=dataclasses.replace(config.planner, use_wide_merge=False))
+    row = run_strategy(task.strategy, config, dataset, task.window, screen=screen,
                        stop_at_first_failure=True).metrics()
     common = {"layout": task.layout, "phase": task.phase, "floor_s": task.floor_s,
               "wall_s": time.perf_counter() - began}

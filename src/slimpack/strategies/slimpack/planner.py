@@ -12,8 +12,9 @@ Per step:
 3. Candidates (K, the backward grouping, slicing, the DP-Merge threshold and the merged pipeline's
    share, the schedule's look-ahead) are scored by the simulator; the fastest that fits wins.
 4. Every pipeline is checked for memory (and rebuilt down a fallback ladder if it does not fit);
-   the whole plan is compared with whole-document baseline packings (``candidates``), and the
-   fastest plan that fits is returned, or one error says what would make one fit.
+   the whole plan is compared with whole-document baseline packings (``candidates``) and, where
+   memory throttles it, with the batch planned on merged replicas (``merged``); the fastest plan
+   that fits is returned, or one error says what would make one fit.
 Must not import torch.
 """
 
@@ -32,6 +33,7 @@ import numpy as np
 from slimpack.collector import collector_paused
 from slimpack.config import Config
 from slimpack.cost import CostModel
+from slimpack.errors import UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, runs
 from slimpack.schedule.builders import (
     backward_needs,
@@ -41,10 +43,11 @@ from slimpack.schedule.builders import (
 )
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import pipelines_step_and_peak, pipelines_step_time, step_time
-from slimpack.strategies.slimpack.candidates import safest_plan
+from slimpack.strategies.slimpack.candidates import TIGHT_MEMORY, plan_peaks, safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.memory import fits
+from slimpack.strategies.slimpack.merged import merge_widths, on_merged_replicas, throttled, widened
 from slimpack.strategies.slimpack.milp import MilpResult, rebalance
 from slimpack.strategies.slimpack.phase1 import Bin, balance, plan_merges
 from slimpack.strategies.slimpack.shape import ASYMMETRIC, BOUNDED, SYMMETRIC, Score, Shape, rank
@@ -98,7 +101,9 @@ class SlimPackPlanner:
     """The seed is replaced by a full search at every multiple of this step, so a stream seeking
     to step s replays only from the multiple before s (``strategies.stream``)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, merge_whole_batch: bool = True) -> None:
+        """``merge_whole_batch``: where memory throttles the plan, also plan the batch on merged
+        replicas (``merged``); off for the planners of those merged layouts themselves."""
         self.config = config
         self.cost = CostModel(config)
         knobs = config.planner
@@ -112,12 +117,28 @@ class SlimPackPlanner:
         """This step's sample ids and lengths, by index in the batch."""
         self._seed: Shape | None = None
         """The previous step's winning shape, which seeds this step's search."""
+        self._merge_whole_batch = (merge_whole_batch and config.parallel.dp > 1 and knobs.use_dp_merge
+                                   and knobs.use_wide_merge)
+        self._merged: dict[int, SlimPackPlanner] = {}
+        """The planners of the layouts with k replicas merged, by k (each keeps its own seed)."""
+        self._merge_won = False
+        """Whether the last step that tried merged replicas ran on them."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": list(self._seed) if self._seed is not None else None}
+        return {"seed": list(self._seed) if self._seed is not None else None, "merge_won": self._merge_won,
+                "merged": {str(k): planner.state_dict() for k, planner in self._merged.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._seed = Shape(*state["seed"]) if state.get("seed") is not None else None
+        self._merge_won = bool(state.get("merge_won", False))
+        self._merged.clear()
+        for k, inner in state.get("merged", {}).items():
+            self._merged_planner(int(k)).load_state_dict(inner)
+
+    def _merged_planner(self, k: int) -> SlimPackPlanner:
+        if k not in self._merged:
+            self._merged[k] = SlimPackPlanner(widened(self.config, k), merge_whole_batch=False)
+        return self._merged[k]
 
     # ---- costs ----------------------------------------------------------------------------
     def _slice_costs(self, head_weight: float) -> tuple[SliceCost, SliceCost]:
@@ -508,8 +529,47 @@ class SlimPackPlanner:
         # score and the times of the others give it without simulating the plan again
         step_s = max([scores[shape][1], *times]) if len(bounded) == len(scored) else step_time(plan, self.cost)
         plan = dataclasses.replace(plan, info={**info, "step_s": step_s})
-        plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead)
+        try:
+            plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead)
+        except UserError as no_fit:
+            plan = self._on_merged_replicas(None, batch, step, full_search=seed is None)
+            if plan is None:
+                raise no_fit
+        else:
+            plan = self._on_merged_replicas(plan, batch, step, full_search=seed is None)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
+
+    def _on_merged_replicas(self, plan: Plan | None, batch: Sequence[Sample], step: int, *,
+                            full_search: bool) -> Plan | None:
+        """``plan`` (None: none fits), or the batch planned on merged replicas (``merged``) where
+        that simulates faster. Tried where nothing fits, and where memory is tight (the fullest
+        device of ``plan`` above ``TIGHT_MEMORY`` of usable memory) on the steps that run the full
+        search, on the steps after one where merged replicas won, and whenever memory holds a
+        pipeline below 1F1B's warm-up (``merged.throttled``): a plan per width tried would double
+        a seeded step's planning time, and consecutive batches are alike. Widths narrowest first,
+        stopping at the first that fits and is not faster than the best so far."""
+        if not self._merge_whole_batch:
+            return plan
+        usable = self.config.cluster.usable_memory_bytes
+        if plan is not None and (max(plan_peaks(plan, self.cost), default=0.0) <= TIGHT_MEMORY * usable
+                                 or not (full_search or self._merge_won or throttled(plan))):
+            return plan
+        best, best_s = plan, step_time(plan, self.cost) if plan is not None else float("inf")
+        self._merge_won = False
+        for k in merge_widths(self.config.parallel.dp):
+            try:
+                merged = on_merged_replicas(self._merged_planner(k).plan(batch, step=step), self.config, k)
+            except UserError:
+                continue  # nothing fits at this width either; a wider one may
+            merged_s = step_time(merged, self.cost)
+            if merged_s >= best_s:
+                break
+            name = merged.info.get("candidate", self.name)
+            best, best_s = dataclasses.replace(merged, info={
+                **merged.info, "candidate": f"{name} on {k} merged replicas", "merged_replicas": k,
+                "single_replicas": dict(plan.info) if plan is not None else None}), merged_s
+            self._merge_won = True
+        return best
 
 
 def _milp_summary(results: list[MilpResult] | None) -> dict | None:
