@@ -43,7 +43,7 @@ from slimpack.schedule.builders import (
 )
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import pipelines_step_and_peak, pipelines_step_time, step_time
-from slimpack.strategies.slimpack.candidates import TIGHT_MEMORY, plan_peaks, safest_plan
+from slimpack.strategies.slimpack.candidates import CANDIDATES_MAX_SAMPLES, TIGHT_MEMORY, plan_peaks, safest_plan
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.memory import fits
@@ -544,16 +544,19 @@ class SlimPackPlanner:
         """``plan`` (None: none fits), or the batch planned on merged replicas (``merged``) where
         that simulates faster. Tried where nothing fits, and where memory is tight (the fullest
         device of ``plan`` above ``TIGHT_MEMORY`` of usable memory) on the steps that run the full
-        search, on the steps after one where merged replicas won, and whenever memory holds a
-        pipeline below 1F1B's warm-up (``merged.throttled``): a plan per width tried would double
-        a seeded step's planning time, and consecutive batches are alike. Widths narrowest first,
-        stopping at the first that fits and is not faster than the best so far."""
+        search (for batches up to ``CANDIDATES_MAX_SAMPLES``, as the baseline candidates), on the
+        steps after one where merged replicas won, and whenever memory holds a pipeline below
+        1F1B's warm-up (``merged.throttled``): a plan per width tried would double a seeded step's
+        planning time, and consecutive batches are alike. Widths narrowest first, stopping at the
+        first that fits and is not faster than the best so far."""
         if not self._merge_whole_batch:
             return plan
         usable = self.config.cluster.usable_memory_bytes
-        if plan is not None and (max(plan_peaks(plan, self.cost), default=0.0) <= TIGHT_MEMORY * usable
-                                 or not (full_search or self._merge_won or throttled(plan))):
-            return plan
+        if plan is not None:
+            tight = max(plan_peaks(plan, self.cost), default=0.0) > TIGHT_MEMORY * usable
+            worth_a_plan = (full_search and len(batch) <= CANDIDATES_MAX_SAMPLES) or self._merge_won or throttled(plan)
+            if not (tight and worth_a_plan):
+                return plan
         best, best_s = plan, step_time(plan, self.cost) if plan is not None else float("inf")
         self._merge_won = False
         for k in merge_widths(self.config.parallel.dp):
