@@ -75,6 +75,8 @@ BASELINES = ("bytescale", "bfd", "kk")
        vpp=st.sampled_from([1, 1, 2]), dp=st.sampled_from([1, 2]), memory_gib=st.sampled_from([30.0, 45.0, 80.0]),
        recompute=st.sampled_from(["none", "selective", "full"]))
 @example(lengths=[128, 128, 128, 65409], pp=2, vpp=2, dp=2, memory_gib=30.0, recompute="none")  # a replica with one sample
+@example(lengths=[128] * 22 + [1228, 13732, 18540, 45240], pp=1, vpp=1, dp=2, memory_gib=30.0,
+         recompute="none")  # wins on merged replicas (the whole batch at cp 2)
 def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, dp, memory_gib, recompute):
     config = _config(pp=pp, dp=dp, memory_gib=memory_gib, recompute=recompute, context=65536,
                      vpp=vpp if pp > 1 else 1)
@@ -98,7 +100,9 @@ def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, 
     if baseline_steps:
         assert not result.oom
         assert result.step_time_s <= min(baseline_steps) * (1 + 1e-9)
-    assert plan.info["candidate"] in ("slimpack", *BASELINES) or plan.info["candidate"].startswith("sliced bfd")
+    name, merged, width = plan.info["candidate"].partition(" on ")
+    assert name in ("slimpack", *BASELINES) or name.startswith("sliced bfd")
+    assert not merged or width == f"{plan.info['merged_replicas']} merged replicas"
 
 
 def test_the_issue_regime_scaled_down_fits_and_keeps_up():
