@@ -154,7 +154,7 @@ def _kept(pipelines: Iterator[tuple[int, PipelinePlan]], into: dict[int, Pipelin
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
     """``plan`` (SlimPack's, with its simulated step in ``info["step_s"]``; ``fitting``: every
     pipeline fits) or a candidate's plan that the simulator finds faster, or that fits when
-    ``plan`` does not. ``lead``: SlimPack's simulated step over its own whole-sample packing's
+    ``plan`` does not (its simulated step in ``info["step_s"]`` too). ``lead``: SlimPack's simulated step over its own whole-sample packing's
     (scored on the same pipelines); with a clear lead the whole-sample candidates are skipped, and
     the slice-level ones too unless memory is tight. Raises a ``UserError`` when nothing fits."""
     clear_lead = fitting and lead < 1 - CLEAR_LEAD
@@ -176,9 +176,9 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         return plan
     if found is None:
         raise no_plan_fits(plan, cost)
-    best = found[0]
+    best, best_s = found
     name = best.strategy if best.strategy != "slimpipe" else f"sliced bfd sequences (n={best.info['num_slices']})"
-    info = {"candidate": name, "slimpack": dict(plan.info), name: dict(best.info)}
+    info = {"candidate": name, "step_s": best_s, "slimpack": dict(plan.info), name: dict(best.info)}
     return dataclasses.replace(best, strategy=plan.strategy, info=info)
 
 

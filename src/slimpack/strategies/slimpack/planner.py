@@ -551,20 +551,22 @@ class SlimPackPlanner:
         first that fits and is not faster than the best so far."""
         if not self._merge_whole_batch:
             return plan
-        usable = self.config.cluster.usable_memory_bytes
         if plan is not None:
+            usable = self.config.cluster.usable_memory_bytes
             tight = max(plan_peaks(plan, self.cost), default=0.0) > TIGHT_MEMORY * usable
             worth_a_plan = (full_search and len(batch) <= CANDIDATES_MAX_SAMPLES) or self._merge_won or throttled(plan)
             if not (tight and worth_a_plan):
                 return plan
-        best, best_s = plan, step_time(plan, self.cost) if plan is not None else float("inf")
+        # every plan the planner returns carries its simulated step (``safest_plan``), and a plan
+        # of the widened layout takes the same time on the merged replicas (tests/strategies/test_wide_merge.py)
+        best, best_s = plan, plan.info["step_s"] if plan is not None else float("inf")
         self._merge_won = False
         for k in merge_widths(self.config.parallel.dp):
             try:
                 merged = on_merged_replicas(self._merged_planner(k).plan(batch, step=step), self.config, k)
             except UserError:
                 continue  # nothing fits at this width either; a wider one may
-            merged_s = step_time(merged, self.cost)
+            merged_s = merged.info["step_s"]
             if merged_s >= best_s:
                 break
             name = merged.info.get("candidate", self.name)
