@@ -28,7 +28,7 @@ from slimpack.compare import Window, compare
 from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.data import bundled_datasets, load_dataset
-from slimpack.strategies import STRATEGIES
+from slimpack.strategies import CUTS_DOCUMENTS, STRATEGIES
 
 MODELS = ("llama2-7b", "llama3-8b", "llama2-70b")
 CONTEXTS = {"32K": 32768, "64K": 65536, "128K": 131072, "256K": 262144}
@@ -64,10 +64,6 @@ def run_cell(dataset: str, model: str, context: int, size: str, per_gpu: int, wi
             "layout": f"tp{parallel.tp} pp{parallel.pp} cp{parallel.cp} dp{parallel.dp} = {parallel.num_devices} GPUs",
             "batch_tokens": config.train.global_batch_tokens, "recompute": recompute, "window": window.to_dict(),
             "seconds": time.perf_counter() - began, "rows": rows}
-
-
-CUTS_DOCUMENTS = ("fixed", "slimpipe")
-"""Baselines that cut documents at sequence boundaries: less attention work for the same tokens."""
 
 
 def fitting_baselines(cell: dict, *, whole_documents: bool = False) -> list[dict]:

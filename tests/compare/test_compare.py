@@ -4,7 +4,7 @@ import statistics
 import pytest
 
 from slimpack.compare import Window, compare
-from slimpack.compare.row import percentile
+from slimpack.compare.row import StrategyRow, cut_document_notes, percentile
 from slimpack.compare.run import run_strategy
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.data import load_dataset
@@ -108,6 +108,9 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
     assert f"| slimpack | {tokens} |" in markdown and f" {efficiency} |" in markdown
     assert tokens in terminal and efficiency in terminal
     assert "wlb held" in terminal and "Drain after the window" in markdown
+    # fixed cuts documents: both say so, with its work against SlimPack's on the same tokens
+    assert "fixed cuts documents at sequence boundaries" in " ".join(terminal.split())
+    assert "Work basis: fixed cuts documents" in markdown and "against slimpack's: fixed " in markdown
     # pydocs at a 32K context: 4 documents of 34K-52K tokens, each cut in two; said in the table, JSON, report
     cut = "4 of 497 documents longer than the 32768-token context cut into 32768-token chunks (+4 samples"
     assert data["context_cut"] == {"max_context": 32768, "num_docs": 497, "num_cut_docs": 4,
@@ -116,6 +119,34 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
     # the title block says what the figures are and on which assumptions; the idle split is there
     assert "# slimpack comparison (simulated)" in markdown and "**Simulated**, not measured" in markdown
     assert "fa3 kernels: GEMM 0.75 of peak" in markdown and "| strategy | fill/drain |" in markdown
+
+
+def _row(strategy, extra_work, window_tokens=1000):
+    """A row with only what the work-basis note reads set to something that matters."""
+    return StrategyRow(strategy=strategy, steps=8, failed_steps=(), errors=(), tokens_per_s=1.0,
+                       window_tokens=window_tokens, window_time_s=1.0, speedup_vs_fixed=None, step_time_mean_s=1.0,
+                       step_time_p95_s=1.0, ideal_time_mean_s=1.0, efficiency=None if extra_work is None else 0.5,
+                       extra_work_fraction=extra_work, schedule_efficiency=None, idle=None, bubble_fraction=None,
+                       mfu=None, peak_memory_bytes=0.0, memory_capacity_bytes=None, oom_steps=(),
+                       planner_time_p50_s=None, mean_delay_steps_per_token=0.0, held_after_window_tokens=0,
+                       drain_steps=0, drain_time_s=0.0, drain_tokens=0, held_after_drain_tokens=0)
+
+
+def test_the_work_basis_note_names_the_strategies_that_cut_documents_with_their_work_against_slimpacks():
+    # own work = (1 + extra work) x the same ideal: 1.125 / 1.25 = 0.9 and 1.375 / 1.25 = 1.1
+    rows = [_row("slimpack", 0.25), _row("fixed", 0.125), _row("bfd", 0.1), _row("slimpipe", 0.375)]
+    [note] = cut_document_notes(rows)
+    assert note.startswith("fixed and slimpipe cut documents at sequence boundaries")
+    assert note.endswith("against slimpack's: fixed -10.0%, slimpipe +10.0%")
+    assert "bfd" not in note
+    # no strategy that cuts documents ran: nothing to say; one that failed every step is left out
+    assert cut_document_notes([_row("slimpack", 0.25), _row("bfd", 0.1)]) == []
+    [note] = cut_document_notes([_row("slimpack", 0.25), _row("fixed", 0.125), _row("slimpipe", None)])
+    assert note.startswith("fixed cuts documents") and "slimpipe" not in note
+    # without SlimPack, or on other tokens (a strategy that failed a step), no work figures
+    for rows in ([_row("fixed", 0.125)], [_row("slimpack", 0.25), _row("fixed", 0.125, window_tokens=900)]):
+        [note] = cut_document_notes(rows)
+        assert note.startswith("fixed cuts documents") and "against slimpack's" not in note
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -25,7 +25,7 @@ from slimpack.cli.common import (
     positive_int,
 )
 from slimpack.compare import Window
-from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
+from slimpack.compare.row import COLUMNS, StrategyRow, cells, cut_document_notes, drain_notes
 from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, check_strategies
 from slimpack.config import Config
 from slimpack.config.defaults import PLANNING_CONFIG
@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     rows = comparison.table()
     console.print(_table(rows, config, dataset.name, window))
     console.print(context_note(dataset, config), highlight=False)
-    for note in drain_notes(rows):
-        console.print(note)
+    for note in [*drain_notes(rows), *cut_document_notes(rows)]:
+        console.print(note, highlight=False)
     for row in rows:
         if row.failed_steps:
             console.print(f"[red]{row.strategy} failed on step(s) {list(row.failed_steps)}: {'; '.join(row.errors)}")

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from slimpack.compare.charts import group_time_chart, memory_chart, throughput_chart
-from slimpack.compare.row import COLUMNS, StrategyRow, cells, drain_notes
+from slimpack.compare.row import COLUMNS, StrategyRow, cells, cut_document_notes, drain_notes
 from slimpack.compare.run import Comparison
 from slimpack.compare.step_charts import gantt_chart, step_throughput_chart
 from slimpack.config import Config
@@ -91,6 +91,7 @@ def _write_files(comparison: Comparison, directory: Path, *, command: list[str])
     drains = drain_notes(rows)
     if drains:
         sections.append("Drain after the window:\n\n" + "\n".join(f"- {note}." for note in drains))
+    sections += [f"Work basis: {note}." for note in cut_document_notes(rows)]
     if failures:
         sections.append("Failures:\n\n" + "\n".join(failures))
     sections.append("Figures are over the measured window only: warm-up and drain steps are excluded. "

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slimpack.strategies import CUTS_DOCUMENTS
 from slimpack.units import GIB
 
 
@@ -120,3 +121,23 @@ def drain_notes(rows: Sequence[StrategyRow]) -> list[str]:
                          f"{r.drain_tokens:,} tokens (not in the window's figures)"
                          + (f"; {r.held_after_drain_tokens:,} tokens still held" if r.held_after_drain_tokens else ""))
     return notes
+
+
+def cut_document_notes(rows: Sequence[StrategyRow]) -> list[str]:
+    """A sentence on the strategies that ran and cut documents (``CUTS_DOCUMENTS``): their tokens/s
+    is for less work than whole documents need, so a lead of theirs is not for the same training.
+    Their modelled work is set against SlimPack's where it ran on the same tokens."""
+    cutting = [r for r in rows if r.strategy in CUTS_DOCUMENTS and r.extra_work_fraction is not None]
+    if not cutting:
+        return []
+    names = " and ".join(r.strategy for r in cutting)
+    note = (f"{names} {'cuts' if len(cutting) == 1 else 'cut'} documents at sequence boundaries (a piece cut off "
+            "does not attend to its document's earlier tokens), so fewer attention pairs are trained than in "
+            "unpacked training on the same tokens")
+    ours = next((r for r in rows if r.strategy == "slimpack" and r.extra_work_fraction is not None), None)
+    if ours is not None and all(r.window_tokens == ours.window_tokens for r in cutting):
+        # the same tokens have the same ideal work, so own work compares as (1 + extra work)
+        note += "; modelled work on the same tokens against slimpack's: " + ", ".join(
+            f"{r.strategy} {(1 + r.extra_work_fraction) / (1 + ours.extra_work_fraction) - 1:+.1%}"  # type: ignore[operator]
+            for r in cutting)
+    return [note]

@@ -26,6 +26,12 @@ STRATEGIES: dict[str, PlannerFactory] = {
     "bytescale": ByteScalePlanner,
 }
 
+CUTS_DOCUMENTS = frozenset({"fixed", "slimpipe"})
+"""Strategies that run fixed-length sequences and so cut documents at sequence boundaries: a piece
+cut off does not attend to its document's earlier tokens. On the same tokens they compute less
+attention than unpacked training and train a different objective; the others keep every document
+whole (SlimPack's slices attend to all the earlier tokens of their document)."""
+
 
 def make_planner(name: str, config: Config) -> Planner:
     try:
@@ -35,4 +41,4 @@ def make_planner(name: str, config: Config) -> Planner:
     return factory(config)
 
 
-__all__ = ["STRATEGIES", "Planner", "make_planner"]
+__all__ = ["CUTS_DOCUMENTS", "STRATEGIES", "Planner", "make_planner"]
