@@ -1,6 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
+from slimpack.strategies import karmarkar_karp as partition
 from slimpack.strategies.karmarkar_karp import karmarkar_karp
 from slimpack.strategies.packing import (
     best_fit_decreasing,
@@ -87,6 +88,7 @@ def test_karmarkar_karp_is_a_partition(weights, k, equal_count):
     parts = karmarkar_karp(weights, k, equal_count=equal_count)
     assert len(parts) == k
     assert sorted(i for p in parts for i in p) == list(range(len(weights)))
+    assert partition.EMPTY == []  # the empty subset the items' partial solutions share stays empty
     if equal_count:
         sizes = [len(p) for p in parts]
         assert max(sizes) - min(sizes) <= 1

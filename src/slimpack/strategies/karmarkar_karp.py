@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from operator import add
 
 Subsets = list[list[int]]
+EMPTY: list[int] = []
+"""The empty subset every item's own partial solution starts with k - 1 of (shared, never mutated:
+a merge replaces it rather than extending it), so that n items do not cost n·k lists."""
 
 
 def _partial(sums: list[float], members: Subsets) -> tuple[list[float], Subsets]:
-    """A partial solution with its subsets sorted heaviest first (ties: the earlier subset first)."""
-    order = sorted(range(len(sums)), key=lambda j: -sums[j])
+    """A partial solution with its subsets sorted heaviest first (ties: the earlier subset first:
+    a reversed sort is still stable)."""
+    order = sorted(range(len(sums)), key=sums.__getitem__, reverse=True)
     return [sums[j] for j in order], [members[j] for j in order]
 
 
@@ -42,7 +47,7 @@ def karmarkar_karp(weights: Sequence[float], k: int, *, equal_count: bool = Fals
                                   [[] if i is None else [i] for i in deal]))
     else:
         for i in sorted(range(n), key=lambda i: (-weights[i], i)):
-            seeds.append(([float(weights[i])] + [0.0] * (k - 1), [[i]] + [[] for _ in range(k - 1)]))
+            seeds.append(([float(weights[i])] + [0.0] * (k - 1), [[i]] + [EMPTY] * (k - 1)))
     if not seeds:
         return [[] for _ in range(k)]
     heap = [(-(sums[0] - sums[-1]), made, sums, members) for made, (sums, members) in enumerate(seeds)]
@@ -51,9 +56,17 @@ def karmarkar_karp(weights: Sequence[float], k: int, *, equal_count: bool = Fals
     while len(heap) > 1:
         _, _, sums_a, members_a = heapq.heappop(heap)
         _, _, sums_b, members_b = heapq.heappop(heap)
-        # heaviest of one with lightest of the other: the differencing step
-        sums, members = _partial([sums_a[j] + sums_b[k - 1 - j] for j in range(k)],
-                                 [members_a[j] + members_b[k - 1 - j] for j in range(k)])
+        # heaviest of one with lightest of the other: the differencing step. Each partial owns its
+        # subsets' lists and both are consumed here, so a's lists take b's members in place (an
+        # empty subset, the shared EMPTY, takes b's list itself)
+        for j, theirs in enumerate(reversed(members_b)):
+            if not theirs:
+                continue
+            if members_a[j]:
+                members_a[j].extend(theirs)
+            else:
+                members_a[j] = theirs
+        sums, members = _partial(list(map(add, sums_a, reversed(sums_b))), members_a)
         heapq.heappush(heap, (-(sums[0] - sums[-1]), made, sums, members))
         made += 1
     members = heap[0][3]

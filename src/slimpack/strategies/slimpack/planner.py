@@ -43,7 +43,12 @@ from slimpack.schedule.builders import (
 )
 from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import pipelines_step_and_peak, pipelines_step_time, step_time
-from slimpack.strategies.slimpack.candidates import CANDIDATES_MAX_SAMPLES, TIGHT_MEMORY, plan_peaks, safest_plan
+from slimpack.strategies.slimpack.candidates import (
+    CANDIDATES_MAX_SAMPLES,
+    TIGHT_MEMORY,
+    plan_peaks,
+    safest_plan,
+)
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
 from slimpack.strategies.slimpack.groups import asymmetric_groups, formations, symmetric_backward
 from slimpack.strategies.slimpack.memory import fits
