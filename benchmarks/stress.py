@@ -300,7 +300,10 @@ def main() -> int:
     if args.report:
         cells = [json.loads(p.read_text()) for p in sorted(out.glob("cell-*.json"))]
         cells = [c for c in cells if c["index"] < args.cells]
-        Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}"))
+        # the command that made these cells: another --out (and --doc) keeps a probe apart from the sweep's
+        where = "".join(f" --{name} {getattr(args, name)}" for name in ("out", "doc")
+                        if getattr(args, name) != parser.get_default(name))
+        Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}{where}"))
         print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT)},
                          indent=1))
         return 0
