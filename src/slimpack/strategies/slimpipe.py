@@ -30,7 +30,7 @@ from slimpack.cost import CostModel
 from slimpack.errors import UserError
 from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice
 from slimpack.schedule.builders import slice_1f1b
-from slimpack.sim import simulate
+from slimpack.sim import step_and_peak
 from slimpack.strategies.fixed import pack_fixed_length
 
 NUM_SLICES = (1, 2, 4, 8, 16, 32)
@@ -125,10 +125,10 @@ class SlimPipePlanner:
             plan = self.build(samples, sequences, n, step)
             if len(self.candidates) == 1:
                 return plan
-            result = simulate(plan, self.cost, check=False)
-            fits = not result.oom
-            scored.append(((not fits, result.step_time_s if fits else max(result.peak_memory_bytes), n),
-                           plan, result.step_time_s))
+            # the simulator's step and highest peak, bit for bit, without the spans and figures
+            step_s, peak = step_and_peak(plan, self.cost)
+            fits = peak <= self.config.cluster.usable_memory_bytes
+            scored.append(((not fits, step_s if fits else peak, n), plan, step_s))
         _, best, _ = min(scored, key=lambda t: t[0])
         return replace(best, info={**best.info,
                                    "candidates_step_time_s": {key[2]: time for key, _, time in scored}})
