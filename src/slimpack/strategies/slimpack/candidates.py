@@ -3,7 +3,8 @@
 SlimPack's own candidates (K, slicing, backward grouping, look-ahead, DP-Merge) are scored on the
 pipelines that decide the step. The planner then also builds the plans of the baselines that train
 exactly the same documents (whole samples, symmetric groups, 1F1B: ByteScale's FLOP buckets, TRL's
-best-fit-decreasing, verl's Karmarkar-Karp), and SlimPipe's slice-level 1F1B over best-fit-decreasing
+best-fit-decreasing, verl's Karmarkar-Karp, and WLB-LLM's packing where it defers no document to a
+later step), and SlimPipe's slice-level 1F1B over best-fit-decreasing
 sequences of whole documents, scores them with the same simulator and returns the fastest plan that
 fits in memory, saying in ``info["candidate"]`` which one won. Fixed-length packing and SlimPipe
 itself are not candidates: they split documents at sequence boundaries, which changes what is
@@ -27,7 +28,7 @@ from slimpack.strategies.base import cut_to_context, lpt_assign, whole
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
-BASELINE_CANDIDATES = ("bytescale", "bfd", "kk")
+BASELINE_CANDIDATES = ("bytescale", "bfd", "kk", "wlb")
 CLEAR_LEAD = 0.05
 """When SlimPack's plan simulates this much faster than its own whole-sample packing (same
 pipelines, same simulator) and memory is not tight, the candidates are not built: the whole-sample
@@ -61,7 +62,8 @@ def plan_fits(plan: Plan, cost: CostModel) -> bool:
 
 def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
     """The baseline candidates' plans of ``batch``; a baseline that cannot plan it (e.g. under
-    interleaving, a group count that is not a multiple of pp) is left out."""
+    interleaving, a group count that is not a multiple of pp) is left out, and so is a plan that
+    holds documents back for a later step (WLB-LLM's deferral: SlimPack trains the batch it is given)."""
     from slimpack.strategies import make_planner  # the registry imports this package
 
     plans = []
@@ -69,9 +71,11 @@ def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
         if name == "kk" and len(batch) > KK_MAX_SAMPLES:
             continue
         try:
-            plans.append(make_planner(name, config).plan(batch, step=step))
+            plan = make_planner(name, config).plan(batch, step=step)
         except ScheduleError:
             continue
+        if not plan.deferred:
+            plans.append(plan)
     return plans
 
 
