@@ -158,9 +158,10 @@ def _kept(pipelines: Iterator[tuple[int, PipelinePlan]], into: dict[int, Pipelin
 def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
     """``plan`` (SlimPack's, with its simulated step in ``info["step_s"]``; ``fitting``: every
     pipeline fits) or a candidate's plan that the simulator finds faster, or that fits when
-    ``plan`` does not (its simulated step in ``info["step_s"]`` too). ``lead``: SlimPack's simulated step over its own whole-sample packing's
-    (scored on the same pipelines); with a clear lead the whole-sample candidates are skipped, and
-    the slice-level ones too unless memory is tight. Raises a ``UserError`` when nothing fits."""
+    ``plan`` does not (its simulated step in ``info["step_s"]`` too). ``lead``: SlimPack's
+    simulated step over its own whole-sample packing's (scored on the same pipelines); with a
+    clear lead the whole-sample candidates are skipped, and the slice-level ones too unless memory
+    is tight. Raises a ``UserError`` when nothing fits."""
     clear_lead = fitting and lead < 1 - CLEAR_LEAD
     if fitting:
         if len(batch) > CANDIDATES_MAX_SAMPLES:
