@@ -30,7 +30,7 @@ class UniformCost:
         return 0.0
 
     def activation_bytes(self, tokens, *, virtual_stage, cp=None):
-        return float(tokens)
+        return np.asarray(tokens, dtype=np.float64)
 
     def working_bytes(self, tokens, *, cp=None):
         return 0.0

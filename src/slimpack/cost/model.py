@@ -362,12 +362,17 @@ class CostModel:
         """Bytes one device sends to the next stage for a group (activation; same for its gradient)."""
         return self._p2p_bytes_per_token * tokens / (cp or self.cp)
 
-    def p2p_time(self, tokens: float, *, from_stage: int, to_stage: int, cp: int | None = None) -> float:
+    def p2p_time(self, tokens: ArrayLike, *, from_stage: ArrayLike, to_stage: ArrayLike,
+                 cp: int | None = None) -> float | np.ndarray:
+        """Seconds to send a group's activations (or their gradients) from one stage to another;
+        elementwise over arrays of tokens and stages (the simulator prices every transfer of a
+        pipeline in one call)."""
         par = self.config.parallel
         stage_ranks = par.dp * par.cp * par.tp
         gpn = self.config.cluster.gpus_per_node
-        same_node = (from_stage * stage_ranks) // gpn == (to_stage * stage_ranks) // gpn
-        bw, lat = self.config.cluster.link(same_node=same_node)
+        same_node = (np.asarray(from_stage) * stage_ranks) // gpn == (np.asarray(to_stage) * stage_ranks) // gpn
+        (bw_in, lat_in), (bw_out, lat_out) = (self.config.cluster.link(same_node=s) for s in (True, False))
+        bw, lat = np.where(same_node, bw_in, bw_out), np.where(same_node, lat_in, lat_out)
         return self.p2p_bytes(tokens, cp=cp) / bw + lat
 
     def grad_sync_time(self, stage: int) -> float:

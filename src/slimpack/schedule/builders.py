@@ -71,6 +71,8 @@ def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahea
     assert cap_tokens is None or (len(cap_tokens) == pp and forward_tokens is not None
                                   and backward_tokens is not None), "a cap needs per-stage caps and group sizes"
     counts_after: list[int] = list(need)  # forwards done before each B on the next stage down the line
+    forwards = [Action("F", g) for g in range(num_forward)]  # made once, shared by every stage's order
+    backwards = [Action("B", i) for i in range(len(need))]
     orders: list[tuple[Action, ...]] = []
     for stage in reversed(range(pp)):
         # stage s runs at least the forwards of stage s+1 before each backward (below), so it holds
@@ -86,14 +88,14 @@ def dependency_aware(need: Sequence[int], *, num_forward: int, pp: int, lookahea
                 extra = forward_tokens[done_f] if forward_tokens is not None else 0.0
                 if done_f >= floor and cap is not None and live + extra > cap:
                     break
-                actions.append(Action("F", done_f))
+                actions.append(forwards[done_f])
                 live += extra
                 done_f += 1
             counts.append(done_f)
-            actions.append(Action("B", i))
+            actions.append(backwards[i])
             if backward_tokens is not None:
                 live -= backward_tokens[i]
-        actions.extend(Action("F", g) for g in range(done_f, num_forward))
+        actions.extend(forwards[done_f:])
         orders.append(tuple(actions))
         counts_after = counts
     return tuple(reversed(orders))

@@ -34,6 +34,9 @@ class ActionGraph:
     """(device, action) per node id; node ids run device by device in order."""
     preds: list[list[tuple[int, int]]]
     """Per node: (predecessor node id, edge kind SEQ/P2P/DEP)."""
+    p2p_input: list[int]
+    """Per node: its P2P predecessor (the one input from another device), or -1 (also in ``preds``:
+    kept apart for the simulator's timeline)."""
 
     def virtual_stage(self, node: int) -> int:
         device, action = self.nodes[node]
@@ -66,20 +69,25 @@ ActionKey = tuple[str, int, int]
 """An action as the graph keys it: (kind, group, virtual stage)."""
 
 
-def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *,
-                 num_vstages: int) -> dict[ActionKey, list[tuple[ActionKey, int]]]:
-    """Every action's predecessors other than its device's previous action: (key, P2P or DEP). The
-    rule for any order, so the graph builder and the schedule builders read it from here."""
-    preds: dict[ActionKey, list[tuple[ActionKey, int]]] = {}
-    last = num_vstages - 1
-    for kind, groups in (("F", forward), ("B", backward)):
-        for vstage in range(num_vstages):
-            source = input_source(kind, vstage, num_vstages)
-            for group in range(len(groups)):
-                preds[(kind, group, vstage)] = [] if source is None else [((kind, group, source), P2P)]
-    # data dependencies between slices of one sample, on every virtual stage (the maps are built
-    # with C-level iterators: a pipeline holds thousands of slices and the simulator builds this
-    # graph for every candidate the planner scores)
+@dataclass(frozen=True, slots=True)
+class DataDependencies:
+    """The ``dep`` edges of a pipeline's groups, as pairs of group indices (the same on every
+    virtual stage, except ``last_stage``), each list sorted."""
+
+    forward: list[tuple[int, int]]
+    """(before, after): F of forward group ``after`` after F of ``before``, on every virtual stage."""
+    backward: list[tuple[int, int]]
+    """(before, after): B of backward group ``after`` after B of ``before``, on every virtual stage."""
+    last_stage: list[tuple[int, int]]
+    """(forward group, backward group): on the last virtual stage, B of the backward group after F
+    of the forward group (it holds some of its slices)."""
+
+
+def data_dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]]
+                      ) -> DataDependencies:
+    """The data dependencies between slices of one sample, as group pairs (the maps are built with
+    C-level iterators: a pipeline holds thousands of slices and the simulator builds its graph for
+    every candidate the planner scores)."""
     f_group = slice_groups(forward)
     b_group = f_group if backward is forward else slice_groups(backward)  # 1F1B plans share their groups
     counts = Counter(map(itemgetter(0), f_group))
@@ -98,13 +106,29 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
             ba, bb = b_group[(sample_id, a)], b_group[(sample_id, b)]
             if ba != bb:
                 dep_pairs_b.add((bb, ba))  # B(ba) after B(bb)
-    pairs_f, pairs_b = sorted(dep_pairs_f), sorted(dep_pairs_b)
+    last_stage = sorted(set(zip(f_group.values(), map(b_group.__getitem__, f_group), strict=True)))
+    return DataDependencies(sorted(dep_pairs_f), sorted(dep_pairs_b), last_stage)
+
+
+def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *,
+                 num_vstages: int) -> dict[ActionKey, list[tuple[ActionKey, int]]]:
+    """Every action's predecessors other than its device's previous action: (key, P2P or DEP), the
+    P2P input first. The rule for any order, so the schedule builders read it from here (the graph
+    builder reads the same rule by node id)."""
+    preds: dict[ActionKey, list[tuple[ActionKey, int]]] = {}
+    last = num_vstages - 1
+    for kind, groups in (("F", forward), ("B", backward)):
+        for vstage in range(num_vstages):
+            source = input_source(kind, vstage, num_vstages)
+            for group in range(len(groups)):
+                preds[(kind, group, vstage)] = [] if source is None else [((kind, group, source), P2P)]
+    deps = data_dependencies(forward, backward)
     for vstage in range(num_vstages):
-        for before, after in pairs_f:
+        for before, after in deps.forward:
             preds[("F", after, vstage)].append((("F", before, vstage), DEP))
-        for before, after in pairs_b:
+        for before, after in deps.backward:
             preds[("B", after, vstage)].append((("B", before, vstage), DEP))
-    for fg, bg in sorted(set(zip(f_group.values(), map(b_group.__getitem__, f_group), strict=True))):
+    for fg, bg in deps.last_stage:
         preds[("B", bg, last)].append((("F", fg, last), DEP))
     return preds
 
@@ -123,38 +147,75 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
         raise ScheduleError(f"{where}: order has {len(order)} stage(s), the layout has pp={pp}")
     _check_actions(order, len(forward), len(backward), chunks, where)
     nodes = [(device, action) for device, actions in enumerate(order) for action in actions]
-    index = {(kind, group, chunk * pp + device): node
-             for node, (device, (kind, group, chunk)) in enumerate(nodes)}
+    num_vstages = pp * chunks
+    # node_of[kind][virtual stage][group]: the node of that action
+    node_of = {"F": [[0] * len(forward) for _ in range(num_vstages)],
+               "B": [[0] * len(backward) for _ in range(num_vstages)]}
+    for node, (device, (kind, group, chunk)) in enumerate(nodes):
+        node_of[kind][chunk * pp + device][group] = node
     preds: list[list[tuple[int, int]]] = [[] for _ in nodes]
     pos = 0
     for actions in order:
         for node in range(pos + 1, pos + len(actions)):
             preds[node].append((node - 1, SEQ))
         pos += len(actions)
-    for key, before in dependencies(forward, backward, num_vstages=pp * chunks).items():
-        preds[index[key]].extend((index[pred], kind) for pred, kind in before)
-    return ActionGraph(pp=pp, chunks=chunks, nodes=nodes, preds=preds)
+    p2p_input = [-1] * len(nodes)
+    # the edges of ``dependencies``, in its order per node: the P2P input, then the data dependencies
+    for kind in "FB":
+        for vstage in range(num_vstages):
+            source = input_source(kind, vstage, num_vstages)
+            if source is not None:
+                for node, src in zip(node_of[kind][vstage], node_of[kind][source], strict=True):
+                    preds[node].append((src, P2P))
+                    p2p_input[node] = src
+    deps = data_dependencies(forward, backward)
+    for kind, pairs in (("F", deps.forward), ("B", deps.backward)):
+        for row in node_of[kind]:
+            for before, after in pairs:
+                preds[row[after]].append((row[before], DEP))
+    f_last, b_last = node_of["F"][-1], node_of["B"][-1]
+    for fg, bg in deps.last_stage:
+        preds[b_last[bg]].append((f_last[fg], DEP))
+    return ActionGraph(pp=pp, chunks=chunks, nodes=nodes, preds=preds, p2p_input=p2p_input)
 
 
 def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
-    """Kahn's algorithm; a leftover node means the order deadlocks (raises ``ScheduleError``)."""
-    num = len(graph.nodes)
-    succs: list[list[int]] = [[] for _ in range(num)]
-    missing = [0] * num
-    for node, preds in enumerate(graph.preds):
-        missing[node] = len(preds)
-        for pred, _ in preds:
-            succs[pred].append(node)
-    ready = [n for n in range(num) if missing[n] == 0]
+    """A topological order of the graph; a node left out means the order deadlocks (raises
+    ``ScheduleError``). A device runs its order one action at a time, so every topological order
+    takes each device's actions in that order: the devices are swept, each running its next
+    actions while their inputs are done, until none can move (sweeps alternate direction, as
+    forwards flow down the stages and backwards up). No successor lists are built, which makes this
+    a fraction of Kahn's algorithm's cost on the graphs the simulator sees; it leaves out the
+    same nodes (those that wait, directly or not, on a cycle)."""
+    preds = graph.preds
+    first = [0] * (graph.pp + 1)  # node ids run device by device: device d's are first[d]..first[d+1]-1
+    for device, _ in graph.nodes:
+        first[device + 1] += 1
+    for device in range(graph.pp):
+        first[device + 1] += first[device]
+    position = first[:-1]
+    done = [False] * len(graph.nodes)
     out: list[int] = []
-    while ready:
-        node = ready.pop()
-        out.append(node)
-        for nxt in succs[node]:
-            missing[nxt] -= 1
-            if missing[nxt] == 0:
-                ready.append(nxt)
-    if len(out) < num:
+    devices = list(range(graph.pp))
+    moved = True
+    while moved:
+        moved = False
+        for device in devices:
+            node, end = position[device], first[device + 1]
+            while node < end:
+                for pred, _ in preds[node]:
+                    if not done[pred]:
+                        break
+                else:
+                    done[node] = True
+                    out.append(node)
+                    node += 1
+                    continue
+                break
+            if node > position[device]:
+                position[device], moved = node, True
+        devices.reverse()
+    if len(out) < len(graph.nodes):
         raise ScheduleError(_deadlock(graph, set(out), where))
     return out
 

@@ -32,7 +32,7 @@ from slimpack.cost import CostModel, model_training_flops
 from slimpack.plan.cells import pipeline_cells
 from slimpack.plan.check import check_groups, schedule_graph
 from slimpack.plan.types import PipelinePlan, Plan, group_tokens
-from slimpack.schedule.dag import P2P
+from slimpack.schedule.dag import ActionGraph
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
 CellArrays = tuple[np.ndarray, np.ndarray]
@@ -112,7 +112,7 @@ class _PipelineRun:
         group_tokens = self._cells.group_tokens
         graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
-        self.vstage = [graph.virtual_stage(node) for node in range(len(graph.nodes))]
+        self.vstage = [action.chunk * self.pp + device for device, action in graph.nodes]  # ActionGraph.virtual_stage
         self.tokens = [group_tokens[a.kind][a.group] for _, a in graph.nodes]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
         # (first chunk) and the head (last chunk)
@@ -125,7 +125,7 @@ class _PipelineRun:
                 if (kind, shape) not in times:
                     times[(kind, shape)] = self._cells.group_times(cost, kind, v)
         self.duration = [times[(a.kind, shapes[v])][a.group] for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
-        self.start, self.end = self._timeline(cost, graph.preds, topo)
+        self.start, self.end = self._timeline(cost, graph, topo)
         self.device_end = [0.0] * self.pp
         for (device, _), end in zip(graph.nodes, self.end, strict=True):
             self.device_end[device] = max(self.device_end[device], end)
@@ -133,29 +133,28 @@ class _PipelineRun:
         self.group_times = tuple(tuple(times[(kind, middle)]) for kind in "FB")
         self.group_cells = self._cells.counts
 
-    def _timeline(self, cost: CostModel, preds: list[list[tuple[int, int]]],
-                  topo: list[int]) -> tuple[list[float], list[float]]:
-        """Longest path in topological order: a node starts when its device is free and its inputs
-        are in (a cross-stage input after its producer's end plus the P2P transfer)."""
+    def _timeline(self, cost: CostModel, graph: ActionGraph, topo: list[int]) -> tuple[list[float], list[float]]:
+        """Longest path in topological order: a node starts when its device is free and its
+        cross-stage input is in (its producer's end plus the P2P transfer). Its other inputs run on
+        its own device before it (``dep`` edges join actions of one virtual stage), so they end by
+        the time its device is free and leave the start unchanged."""
         num = len(self.nodes)
-        local: list[list[int]] = [[] for _ in range(num)]
-        hop_src, hop_delay = [-1] * num, [0.0] * num  # at most one P2P input per node
-        transfer: dict[tuple[int, int, int], float] = {}
-        for node, node_preds in enumerate(preds):
-            for pred, kind in node_preds:
-                if kind != P2P:
-                    local[node].append(pred)
-                    continue
-                key = (self.tokens[node], self.nodes[pred][0], self.nodes[node][0])
-                if key not in transfer:
-                    transfer[key] = cost.p2p_time(key[0], from_stage=key[1], to_stage=key[2], cp=self.cp)
-                hop_src[node], hop_delay[node] = pred, transfer[key]
+        hop_src = graph.p2p_input
+        # the device's previous action (node ids run device by device)
+        previous = [node - 1 if node and self.nodes[node - 1][0] == device else -1
+                    for node, (device, _) in enumerate(self.nodes)]
+        # every transfer priced in one elementwise call
+        sources = np.array(hop_src, dtype=np.intp)
+        hops = np.flatnonzero(sources >= 0)
+        devices = np.array([device for device, _ in self.nodes], dtype=np.int64)
+        delays = np.zeros(num)
+        delays[hops] = cost.p2p_time(np.array(self.tokens, dtype=np.int64)[hops], from_stage=devices[sources[hops]],
+                                     to_stage=devices[hops], cp=self.cp)
+        hop_delay = delays.tolist()
         start, end, duration = [0.0] * num, [0.0] * num, self.duration
         for node in topo:
-            ready = 0.0
-            for pred in local[node]:
-                if end[pred] > ready:
-                    ready = end[pred]
+            before = previous[node]
+            ready = end[before] if before >= 0 else 0.0
             src = hop_src[node]
             if src >= 0 and end[src] + hop_delay[node] > ready:
                 ready = end[src] + hop_delay[node]
@@ -168,37 +167,46 @@ class _PipelineRun:
                 for (device, action), s, e, tokens in zip(self.nodes, self.start, self.end, self.tokens, strict=True)]
 
     def memory(self, cost: CostModel) -> list[DeviceMemory]:
-        """Live bytes per device: per-group kept activations plus the running action's working set."""
-        events: list[list[tuple[float, int, float]]] = [[] for _ in range(self.pp)]
-        sizes: dict[tuple[int, int], tuple[float, float]] = {}  # (tokens, virtual stage) -> (kept, work)
-        for node, (device, action) in enumerate(self.nodes):
-            key = (self.tokens[node], self.vstage[node])
-            if key not in sizes:
-                sizes[key] = (cost.activation_bytes(key[0], virtual_stage=key[1], cp=self.cp),
-                              cost.working_bytes(key[0], cp=self.cp))
-            kept, work = sizes[key]
-            # (time, 0 = free first / 1 = allocate, bytes): at equal times frees come first
-            if action.kind == "F":
-                events[device].append((self.start[node], 1, kept))
-            else:
-                events[device].append((self.end[node], 0, -kept))
-            events[device].append((self.start[node], 1, work))
-            events[device].append((self.end[node], 0, -work))
-        return [self._step_function(cost, device, device_events) for device, device_events in enumerate(events)]
+        """Live bytes per device: per-group kept activations plus the running action's working set.
+        Every action makes three events: its forward allocates its kept activations at its start
+        (its backward frees them at its end), and its working set is held from its start to its
+        end. A device's events, in the order they happen (at equal times frees first, then in
+        node order), run a total from its model states; array operations that add the same terms
+        in the same order as a running total would."""
+        tokens = np.array(self.tokens, dtype=np.float64)
+        vstage = np.array(self.vstage, dtype=np.int64)
+        kept = np.zeros(len(tokens))
+        for v in np.unique(vstage).tolist():
+            mine = vstage == v
+            kept[mine] = cost.activation_bytes(tokens[mine], virtual_stage=v, cp=self.cp)
+        work = np.broadcast_to(cost.working_bytes(tokens, cp=self.cp), tokens.shape)
+        forward = np.array([action.kind == "F" for _, action in self.nodes], dtype=bool)
+        start, end = np.array(self.start), np.array(self.end)
+        # per node, its three events (time, 0 = free / 1 = allocate, bytes)
+        times = np.stack([np.where(forward, start, end), start, end], axis=1)
+        allocates = np.stack([forward, np.ones_like(forward), np.zeros_like(forward)], axis=1)
+        deltas = np.stack([np.where(forward, kept, -kept), work, -work], axis=1)
+        first = [0] * (self.pp + 1)  # node ids run device by device
+        for device, _ in self.nodes:
+            first[device + 1] += 1
+        out = []
+        for device in range(self.pp):
+            rows = slice(sum(first[:device + 1]), sum(first[:device + 2]))
+            out.append(self._step_function(cost, device, times[rows].ravel(), allocates[rows].ravel(),
+                                           deltas[rows].ravel()))
+        return out
 
-    def _step_function(self, cost: CostModel, device: int, events: list[tuple[float, int, float]]) -> DeviceMemory:
+    def _step_function(self, cost: CostModel, device: int, times: np.ndarray, allocates: np.ndarray,
+                       deltas: np.ndarray) -> DeviceMemory:
         states = cost.model_state_bytes(device)
-        events.sort(key=lambda e: (e[0], e[1]))
-        times, live, level = [0.0], [states], states
-        for time, _, delta in events:
-            level += delta
-            if times[-1] == time:
-                live[-1] = level
-            else:
-                times.append(time)
-                live.append(level)
+        by_flag = np.argsort(allocates, kind="stable")  # two stable sorts: by time, then frees first
+        order = by_flag[np.argsort(times[by_flag], kind="stable")]
+        at = np.concatenate([[0.0], times[order]])
+        level = np.add.accumulate(np.concatenate([[states], deltas[order]]))  # left to right, as a loop adds
+        last = np.ones(len(at), dtype=bool)  # an instant's level is the one after its last event
+        last[:-1] = at[:-1] != at[1:]
         return DeviceMemory(pipeline=self.index, stage=device, model_state_bytes=states,
-                            times_s=tuple(times), live_bytes=tuple(live))
+                            times_s=tuple(at[last].tolist()), live_bytes=tuple(level[last].tolist()))
 
 
 def _ready(runs: Sequence[_PipelineRun], pp: int) -> list[float]:
