@@ -51,6 +51,21 @@ def test_closed_form_step_bubble_and_in_flight(p, m, schedule):
     assert stage0.peak_bytes == (min(p, m) if schedule == "1f1b" else m)
 
 
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_a_replica_with_no_samples_only_joins_the_all_reduce(p):
+    # more replicas than samples: replica 1's pipeline has no groups; the step is replica 0's
+    # closed-form 1F1B step, and replica 1's devices run nothing and hold nothing
+    cfg = config(pp=p, dp=2)
+    busy = one_sample_per_group_plan(cfg, 3)
+    empty = PipelinePlan(replicas=(1,), cp=1, forward=(), backward=(), order=((),) * p)
+    plan = dataclasses.replace(busy, pipelines=(busy.pipelines[0], empty))
+    result = simulate(plan, UniformCost(cfg, 1.0, 2.0))
+    assert result.step_time_s == pytest.approx((3 + p - 1) * 3.0)
+    assert [s for s in result.spans if s.pipeline == 1 and s.kind in "FB"] == []
+    assert all(mem.peak_bytes == 0.0 for mem in result.memory if mem.pipeline == 1)
+    assert max(mem.peak_bytes for mem in result.memory if mem.pipeline == 0) == min(p, 3)
+
+
 @pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 4), (4, 2, 8), (4, 4, 8), (4, 5, 12)])
 def test_interleaved_matches_published_bubble(p, v, m):
     # Narayanan et al. SC'21 §2.2.2: bubble time (p-1)(t_f+t_b)/v per stage, so the step is

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from operator import itemgetter
 
 from slimpack.errors import ScheduleError
@@ -153,12 +153,8 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
                "B": [[0] * len(backward) for _ in range(num_vstages)]}
     for node, (device, (kind, group, chunk)) in enumerate(nodes):
         node_of[kind][chunk * pp + device][group] = node
-    preds: list[list[tuple[int, int]]] = [[] for _ in nodes]
-    pos = 0
-    for actions in order:
-        for node in range(pos + 1, pos + len(actions)):
-            preds[node].append((node - 1, SEQ))
-        pos += len(actions)
+    firsts = set(accumulate(map(len, order), initial=0))  # each device's first node id
+    preds: list[list[tuple[int, int]]] = [[] if node in firsts else [(node - 1, SEQ)] for node in range(len(nodes))]
     p2p_input = [-1] * len(nodes)
     # the edges of ``dependencies``, in its order per node: the P2P input, then the data dependencies
     for kind in "FB":

@@ -32,7 +32,6 @@ from slimpack.cost import CostModel, model_training_flops
 from slimpack.plan.cells import pipeline_cells
 from slimpack.plan.check import check_groups, schedule_graph
 from slimpack.plan.types import PipelinePlan, Plan, group_tokens
-from slimpack.schedule.dag import ActionGraph
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
 CellArrays = tuple[np.ndarray, np.ndarray]
@@ -112,50 +111,60 @@ class _PipelineRun:
         group_tokens = self._cells.group_tokens
         graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
-        self.vstage = [action.chunk * self.pp + device for device, action in graph.nodes]  # ActionGraph.virtual_stage
-        self.tokens = [group_tokens[a.kind][a.group] for _, a in graph.nodes]
+        num = len(graph.nodes)
+        # per node, as arrays: device, chunk, group, whether a forward (one pass over the nodes)
+        columns = np.array([x for device, (kind, group, chunk) in graph.nodes for x in (device, chunk, group, kind == "F")],
+                           dtype=np.int64).reshape(num, 4).T
+        device, chunk, group, forward = columns[0], columns[1], columns[2], columns[3].astype(bool)
+        vstage = chunk * self.pp + device  # ActionGraph.virtual_stage
+        self.first = np.concatenate([[0], np.cumsum(np.bincount(device, minlength=self.pp))]).tolist()
+        """Device d's nodes are ``first[d]`` .. ``first[d + 1] - 1`` (node ids run device by device)."""
+        tokens = np.zeros(num, dtype=np.int64)
+        for kind, mine in (("F", forward), ("B", ~forward)):
+            tokens[mine] = np.array(self._cells.group_tokens[kind], dtype=np.int64)[group[mine]]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
         # (first chunk) and the head (last chunk)
         layers = par.chunk_layers(config.model.num_layers)
         last = self.pp * self.chunks - 1
         shapes = [(layers[v], v == 0, v == last) for v in range(last + 1)]
         times: dict[tuple, list[float]] = {}
+        duration = np.zeros(num)
         for v, shape in enumerate(shapes):
-            for kind in "FB":
+            for kind, of_kind in (("F", forward), ("B", ~forward)):
                 if (kind, shape) not in times:
                     times[(kind, shape)] = self._cells.group_times(cost, kind, v)
-        self.duration = [times[(a.kind, shapes[v])][a.group] for (_, a), v in zip(graph.nodes, self.vstage, strict=True)]
-        self.start, self.end = self._timeline(cost, graph, topo)
-        self.device_end = [0.0] * self.pp
-        for (device, _), end in zip(graph.nodes, self.end, strict=True):
-            self.device_end[device] = max(self.device_end[device], end)
+                mine = of_kind & (vstage == v)
+                duration[mine] = np.array(times[(kind, shape)])[group[mine]]
+        self.vstage, self.forward, self.tokens = vstage, forward, tokens
+        self.duration = duration.tolist()
+        self.start, self.end = self._timeline(cost, graph.p2p_input, device, topo)
+        self.device_end = [max(self.end[self.first[d]:self.first[d + 1]], default=0.0) for d in range(self.pp)]
         middle = shapes[(self.pp * self.chunks) // 2]
         self.group_times = tuple(tuple(times[(kind, middle)]) for kind in "FB")
         self.group_cells = self._cells.counts
 
-    def _timeline(self, cost: CostModel, graph: ActionGraph, topo: list[int]) -> tuple[list[float], list[float]]:
+    def _timeline(self, cost: CostModel, p2p_input: list[int], device: np.ndarray,
+                  topo: list[int]) -> tuple[list[float], list[float]]:
         """Longest path in topological order: a node starts when its device is free and its
         cross-stage input is in (its producer's end plus the P2P transfer). Its other inputs run on
         its own device before it (``dep`` edges join actions of one virtual stage), so they end by
         the time its device is free and leave the start unchanged."""
-        num = len(self.nodes)
-        hop_src = graph.p2p_input
-        # the device's previous action (node ids run device by device)
-        previous = [node - 1 if node and self.nodes[node - 1][0] == device else -1
-                    for node, (device, _) in enumerate(self.nodes)]
+        num = len(p2p_input)
+        after_own = np.zeros(num, dtype=bool)  # whether the node before it is on its device
+        after_own[1:] = device[1:] == device[:-1]
+        previous = np.where(after_own, np.arange(num) - 1, -1)  # the device's previous action
         # every transfer priced in one elementwise call
-        sources = np.array(hop_src, dtype=np.intp)
+        sources = np.array(p2p_input, dtype=np.intp)
         hops = np.flatnonzero(sources >= 0)
-        devices = np.array([device for device, _ in self.nodes], dtype=np.int64)
         delays = np.zeros(num)
-        delays[hops] = cost.p2p_time(np.array(self.tokens, dtype=np.int64)[hops], from_stage=devices[sources[hops]],
-                                     to_stage=devices[hops], cp=self.cp)
-        hop_delay = delays.tolist()
+        delays[hops] = cost.p2p_time(self.tokens[hops], from_stage=device[sources[hops]], to_stage=device[hops],
+                                     cp=self.cp)
         start, end, duration = [0.0] * num, [0.0] * num, self.duration
+        before_of, hop_delay = previous.tolist(), delays.tolist()
         for node in topo:
-            before = previous[node]
+            before = before_of[node]
             ready = end[before] if before >= 0 else 0.0
-            src = hop_src[node]
+            src = p2p_input[node]
             if src >= 0 and end[src] + hop_delay[node] > ready:
                 ready = end[src] + hop_delay[node]
             start[node] = ready
@@ -164,7 +173,8 @@ class _PipelineRun:
 
     def spans(self) -> list[Span]:
         return [Span(self.index, device, action.kind, action.group, action.chunk, s, e, tokens)
-                for (device, action), s, e, tokens in zip(self.nodes, self.start, self.end, self.tokens, strict=True)]
+                for (device, action), s, e, tokens in zip(self.nodes, self.start, self.end, self.tokens.tolist(),
+                                                          strict=True)]
 
     def memory(self, cost: CostModel) -> list[DeviceMemory]:
         """Live bytes per device: per-group kept activations plus the running action's working set.
@@ -173,25 +183,20 @@ class _PipelineRun:
         end. A device's events, in the order they happen (at equal times frees first, then in
         node order), run a total from its model states; array operations that add the same terms
         in the same order as a running total would."""
-        tokens = np.array(self.tokens, dtype=np.float64)
-        vstage = np.array(self.vstage, dtype=np.int64)
+        tokens, vstage, forward = self.tokens.astype(np.float64), self.vstage, self.forward
         kept = np.zeros(len(tokens))
         for v in np.unique(vstage).tolist():
             mine = vstage == v
             kept[mine] = cost.activation_bytes(tokens[mine], virtual_stage=v, cp=self.cp)
         work = np.broadcast_to(cost.working_bytes(tokens, cp=self.cp), tokens.shape)
-        forward = np.array([action.kind == "F" for _, action in self.nodes], dtype=bool)
         start, end = np.array(self.start), np.array(self.end)
         # per node, its three events (time, 0 = free / 1 = allocate, bytes)
         times = np.stack([np.where(forward, start, end), start, end], axis=1)
         allocates = np.stack([forward, np.ones_like(forward), np.zeros_like(forward)], axis=1)
         deltas = np.stack([np.where(forward, kept, -kept), work, -work], axis=1)
-        first = [0] * (self.pp + 1)  # node ids run device by device
-        for device, _ in self.nodes:
-            first[device + 1] += 1
         out = []
         for device in range(self.pp):
-            rows = slice(sum(first[:device + 1]), sum(first[:device + 2]))
+            rows = slice(self.first[device], self.first[device + 1])
             out.append(self._step_function(cost, device, times[rows].ravel(), allocates[rows].ravel(),
                                            deltas[rows].ravel()))
         return out
