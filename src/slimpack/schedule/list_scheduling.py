@@ -35,9 +35,7 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     ``kept_bytes`` take an action key (kind, group, virtual stage): its seconds, and the activation
     bytes a forward keeps (or a backward frees); ``cap_bytes`` is each device's room for them."""
     num_vstages = pp * chunks
-    preds = dependencies(forward, backward, num_vstages=num_vstages)
     counts = {"F": len(forward), "B": len(backward)}
-    finish: dict[ActionKey, float] = {}
     free = [0.0] * pp
     live = [0.0] * pp
     reserve = [[sum(kept_bytes(("F", g, c * pp + d)) for c in range(chunks)) for d in range(pp)]
@@ -45,58 +43,67 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     """What forward group g will keep on all chunks of device d."""
     orders: list[list[Action]] = [[] for _ in range(pp)]
     # a stream runs one kind of action on one virtual stage in group order; its head is its next
-    # action, with the time its predecessors are done (None while one is not placed) and its rank
+    # action, with the time its predecessors are done (None while one is not placed) and its rank.
+    # Streams are numbered (ties go to the earlier one), and every per-action table is a list
+    # indexed by stream and group: this loop runs once per action of every candidate pipeline.
     streams = [(kind, vstage) for kind in ("B", "F") for vstage in range(num_vstages) if counts[kind]]
-    position = dict.fromkeys(streams, 0)
-    heads: dict[tuple[str, int], tuple[float | None, tuple, ActionKey] | None] = {}
+    number = {stream: i for i, stream in enumerate(streams)}
+    position = [0] * len(streams)
+    finish: list[list[float | None]] = [[None] * counts[kind] for kind, _ in streams]
+    needs: list[list[list[tuple[int, int]]]] = [[[] for _ in range(counts[kind])] for kind, _ in streams]
+    """Per stream and group: the (stream, group) of the action's predecessors (``dag.dependencies``)."""
+    for (kind, group, vstage), before in dependencies(forward, backward, num_vstages=num_vstages).items():
+        needs[number[(kind, vstage)]][group] = [(number[(k, v)], g) for (k, g, v), _ in before]
+    # a forward of a device's first chunk reserves what its group will keep on all the device's chunks
+    reserves = [kind == "F" and vstage < pp for kind, vstage in streams]
 
-    def head(stream: tuple[str, int]) -> tuple[float | None, tuple, ActionKey] | None:
-        kind, vstage = stream
+    def head(stream: int) -> tuple[float | None, tuple, ActionKey] | None:
+        kind, vstage = streams[stream]
         group = position[stream]
         if group == counts[kind]:
             return None
-        key = (kind, group, vstage)
         ready: float | None = 0.0
-        for pred, _ in preds[key]:
-            if pred not in finish:
+        for other, other_group in needs[stream][group]:
+            done = finish[other][other_group]
+            if done is None:
                 ready = None
                 break
-            ready = max(ready, finish[pred])
+            ready = max(ready, done)
         chunk = vstage // pp
         # ties: backward first; then Megatron's unit order (rounds of pp groups, chunk by chunk)
         order = (0, group // pp, chunks - 1 - chunk, group % pp) if kind == "B" else (1, group // pp, chunk, group % pp)
-        return ready, order, key
+        return ready, order, (kind, group, vstage)
 
-    def waiting_on(key: ActionKey) -> tuple[tuple[str, int], ...]:
-        """The streams whose head may have been waiting for ``key``."""
-        kind, _, vstage = key
+    def waiting_on(kind: str, vstage: int) -> tuple[int, ...]:
+        """The streams whose head may have been waiting for an action of stream (kind, vstage)."""
         step = 1 if kind == "F" else -1
         near = [(kind, vstage), (kind, vstage + step)]
         if kind == "F" and vstage == num_vstages - 1:
             near.append(("B", vstage))
-        return tuple(stream for stream in near if stream in position)
+        return tuple(number[stream] for stream in near if stream in number)
+
+    waiters = [waiting_on(kind, vstage) for kind, vstage in streams]
 
     # Each device's pick changes only when its own time or memory moves (it ran the last action)
-    # or one of its streams' heads moves (``waiting_on``), so picks are kept per device and only
-    # those devices' streams are looked at again. Ties go to the earlier stream (``streams`` order).
-    index = {stream: i for i, stream in enumerate(streams)}
-    on_device: list[list[tuple[str, int]]] = [[] for _ in range(pp)]
-    for stream in streams:
-        heads[stream] = head(stream)
-        on_device[stream[1] % pp].append(stream)
+    # or one of its streams' heads moves (``waiters``), so picks are kept per device and only
+    # those devices' streams are looked at again.
+    heads = [head(stream) for stream in range(len(streams))]
+    on_device: list[list[int]] = [[] for _ in range(pp)]
+    for stream, (_, vstage) in enumerate(streams):
+        on_device[vstage % pp].append(stream)
     picks: list[tuple[tuple | None, tuple | None]] = [(None, None)] * pp
 
     def pick(device: int) -> tuple[tuple | None, tuple | None]:
         """The device's (runnable, blocked by its memory cap) action that starts first, each as
-        (start, tie order, stream index, key), or None."""
+        (start, tie order, stream, key), or None."""
         best = blocked = None
         for stream in on_device[device]:
             entry = heads[stream]
             if entry is None or entry[0] is None:
                 continue
             ready, order, key = entry
-            rank = (max(ready, free[device]), order, index[stream], key)
-            if stream[0] == "F" and stream[1] < pp and live[device] + reserve[key[1]][device] > cap_bytes[device]:
+            rank = (max(ready, free[device]), order, stream, key)
+            if reserves[stream] and live[device] + reserve[key[1]][device] > cap_bytes[device]:
                 blocked = rank if blocked is None or rank < blocked else blocked
             elif best is None or rank < best:
                 best = rank
@@ -110,19 +117,19 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         runnable = [p[0] for p in picks if p[0] is not None]
         chosen = min(runnable) if runnable else min((p[1] for p in picks if p[1] is not None), default=None)
         assert chosen is not None, "no action can start: the groups' dependencies form a cycle"
-        start, _, _, key = chosen
+        start, _, stream, key = chosen
         kind, group, vstage = key
         device = vstage % pp
-        finish[key] = free[device] = start + duration(key)
+        finish[stream][group] = free[device] = start + duration(key)
         if kind == "B":
             live[device] -= kept_bytes(key)
         elif vstage < pp:
             live[device] += reserve[group][device]
-        position[(kind, vstage)] += 1
+        position[stream] += 1
         orders[device].append(Action(kind, group, vstage // pp))  # type: ignore[arg-type]
         stale = {device}
-        for stream in waiting_on(key):
-            heads[stream] = head(stream)
-            stale.add(stream[1] % pp)
+        for other in waiters[stream]:
+            heads[other] = head(other)
+            stale.add(streams[other][1] % pp)
         remaining -= 1
     return tuple(tuple(actions) for actions in orders)
