@@ -362,7 +362,7 @@ class CostModel:
         """Bytes one device sends to the next stage for a group (activation; same for its gradient)."""
         return self._p2p_bytes_per_token * tokens / (cp or self.cp)
 
-    def p2p_time(self, tokens: ArrayLike, *, from_stage: ArrayLike, to_stage: ArrayLike,
+    def p2p_time(self, tokens: float | np.ndarray, *, from_stage: int | np.ndarray, to_stage: int | np.ndarray,
                  cp: int | None = None) -> float | np.ndarray:
         """Seconds to send a group's activations (or their gradients) from one stage to another;
         elementwise over arrays of tokens and stages (the simulator prices every transfer of a

@@ -108,7 +108,6 @@ class _PipelineRun:
         self.cp = pipe.cp
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self._cells = CellTable(pipe, self.cp, cost, where=f"pipelines[{index}]")
-        group_tokens = self._cells.group_tokens
         graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
         self.nodes = graph.nodes
         num = len(graph.nodes)
