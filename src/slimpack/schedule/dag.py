@@ -37,6 +37,8 @@ class ActionGraph:
     p2p_input: list[int]
     """Per node: its P2P predecessor (the one input from another device), or -1 (also in ``preds``:
     kept apart for the simulator's timeline)."""
+    first: list[int]
+    """Device d's nodes are ``first[d]`` .. ``first[d + 1] - 1`` (node ids run device by device)."""
 
     def virtual_stage(self, node: int) -> int:
         device, action = self.nodes[node]
@@ -153,8 +155,9 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
                "B": [[0] * len(backward) for _ in range(num_vstages)]}
     for node, (device, (kind, group, chunk)) in enumerate(nodes):
         node_of[kind][chunk * pp + device][group] = node
-    firsts = set(accumulate(map(len, order), initial=0))  # each device's first node id
-    preds: list[list[tuple[int, int]]] = [[] if node in firsts else [(node - 1, SEQ)] for node in range(len(nodes))]
+    first = list(accumulate(map(len, order), initial=0))
+    starts = set(first)
+    preds: list[list[tuple[int, int]]] = [[] if node in starts else [(node - 1, SEQ)] for node in range(len(nodes))]
     p2p_input = [-1] * len(nodes)
     # the edges of ``dependencies``, in its order per node: the P2P input, then the data dependencies
     for kind in "FB":
@@ -172,7 +175,7 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
     f_last, b_last = node_of["F"][-1], node_of["B"][-1]
     for fg, bg in deps.last_stage:
         preds[b_last[bg]].append((f_last[fg], DEP))
-    return ActionGraph(pp=pp, chunks=chunks, nodes=nodes, preds=preds, p2p_input=p2p_input)
+    return ActionGraph(pp=pp, chunks=chunks, nodes=nodes, preds=preds, p2p_input=p2p_input, first=first)
 
 
 def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
@@ -183,12 +186,7 @@ def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
     forwards flow down the stages and backwards up). No successor lists are built, which makes this
     a fraction of Kahn's algorithm's cost on the graphs the simulator sees; it leaves out the
     same nodes (those that wait, directly or not, on a cycle)."""
-    preds = graph.preds
-    first = [0] * (graph.pp + 1)  # node ids run device by device: device d's are first[d]..first[d+1]-1
-    for device, _ in graph.nodes:
-        first[device + 1] += 1
-    for device in range(graph.pp):
-        first[device + 1] += first[device]
+    preds, first = graph.preds, graph.first
     position = first[:-1]
     done = [False] * len(graph.nodes)
     out: list[int] = []

@@ -116,8 +116,7 @@ class _PipelineRun:
                            dtype=np.int64).reshape(num, 4).T
         device, chunk, group, forward = columns[0], columns[1], columns[2], columns[3].astype(bool)
         vstage = chunk * self.pp + device  # ActionGraph.virtual_stage
-        self.first = np.concatenate([[0], np.cumsum(np.bincount(device, minlength=self.pp))]).tolist()
-        """Device d's nodes are ``first[d]`` .. ``first[d + 1] - 1`` (node ids run device by device)."""
+        self.first = graph.first
         tokens = np.zeros(num, dtype=np.int64)
         for kind, mine in (("F", forward), ("B", ~forward)):
             tokens[mine] = np.array(self._cells.group_tokens[kind], dtype=np.int64)[group[mine]]
