@@ -214,3 +214,20 @@ def test_layer_collectives_hand_computed():
     assert [(c.kind, c.group) for c in backward] == \
         [("all_gather", "tp"), ("all_gather", "tp"), ("reduce_scatter", "tp")] * 2 + [("reduce_scatter", "cp")] * 2
     assert forward[-1].sent_bytes() == kv / 2  # each cp rank sends its half of the rows once
+
+
+_SEGMENT = st.tuples(st.integers(1, 9000), st.integers(0, 200_000))  # (tokens, prefix)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(_SEGMENT, min_size=1, max_size=40), min_size=1, max_size=12), st.sampled_from([1, 2, 4]))
+def test_groups_sums_are_each_groups_sums_bit_for_bit(groups, cp):
+    # groups of up to 40 segments: past numpy's 8-element blocks, where a different summation
+    # order would show in the last bits
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, cp=cp)))
+    tokens = np.array([t for group in groups for t, _ in group], dtype=np.int64)
+    prefix = np.array([p for group in groups for _, p in group], dtype=np.int64)
+    firsts = np.cumsum([0] + [len(group) for group in groups[:-1]])
+    totals, attention = cost.groups_sums(tokens, prefix, firsts, cp)
+    for i, group in enumerate(groups):
+        assert (totals[i], attention[i]) == cost.group_sums([t for t, _ in group], [p for _, p in group], cp)

@@ -175,6 +175,16 @@ class CostModel:
             return total, 0.0
         return total, float(np.sum(self.attention_terms(tokens, np.asarray(prefix, dtype=np.float64), cp)))
 
+    def groups_sums(self, tokens: np.ndarray, prefix: np.ndarray, firsts: np.ndarray, cp: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """``group_sums`` of many non-empty groups at once: ``tokens`` and ``prefix`` hold every
+        group's segments one group after another, ``firsts`` the index of each group's first. The
+        same values, bit for bit (``reduceat`` sums a group's terms as ``np.sum`` sums its array)."""
+        if not len(firsts):
+            return np.zeros(0), np.zeros(0)
+        terms = self.attention_terms(tokens, prefix.astype(np.float64), cp)
+        return np.add.reduceat(tokens, firsts).astype(np.float64), np.add.reduceat(terms, firsts)
+
     def _layer_seconds(self, total, attention, *, backward: bool, cp: int):
         """``layer_time`` from a group's token total and attention-term sum (elementwise on arrays)."""
         gemm, attn = self._layer_parts(total, attention, cp)

@@ -8,6 +8,7 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -84,10 +85,8 @@ def interleaved_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
     # (the same values, bit for bit, as one ``group_time`` call per group and virtual stage)
     shapes = [cost.chunk_shape(v) for v in range(pp * chunks)]
     like = [shapes.index(shape) for shape in shapes]  # the first virtual stage of the same shape
-    sums = {kind: np.array([cost.group_sums([end - start for _, start, end in g], [start for _, start, _ in g], cp)
-                            for g in grps]).reshape(-1, 2) for kind, grps in groups.items()}
-    times = {(kind, v): cost.cells_time(sums[kind][:, 0], sums[kind][:, 1], virtual_stage=v,
-                                        backward=kind == "B", cp=cp).tolist()
+    sums = {kind: _groups_sums(cost, grps, cp) for kind, grps in groups.items()}
+    times = {(kind, v): cost.cells_time(*sums[kind], virtual_stage=v, backward=kind == "B", cp=cp).tolist()
              for kind in groups for v in set(like)}
 
     def duration(key: tuple[str, int, int]) -> float:
@@ -96,3 +95,12 @@ def interleaved_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
 
     return list_schedule(forward, backward, pp=pp, chunks=chunks, duration=duration,
                          kept_bytes=lambda key: tokens[key[0]][key[1]] * per_token[key[2]], cap_bytes=caps)
+
+
+def _groups_sums(cost: CostModel, groups: Sequence[Sequence[SliceKey]], cp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's token total and attention-term sum (``CostModel.groups_sums``), its slices
+    flattened in one pass."""
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(groups)), dtype=np.int64,
+                       count=3 * sum(map(len, groups))).reshape(-1, 3)
+    firsts = np.fromiter(accumulate(map(len, groups[:-1]), initial=0), dtype=np.intp, count=len(groups))
+    return cost.groups_sums(flat[:, 2] - flat[:, 1], flat[:, 1], firsts, cp)
