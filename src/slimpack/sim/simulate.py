@@ -78,12 +78,9 @@ class CellTable:
                 for run in cell.runs:
                     tokens.append(run.end - run.start)
                     prefix.append(run.start)
-        run_tokens = np.array(tokens, dtype=np.int64)
-        starts = np.array(firsts, dtype=np.intp)
-        terms = cost.attention_terms(run_tokens, np.array(prefix, dtype=np.float64), cp)
-        # reduceat sums each cell's runs as np.sum does one cell's array (the same pairwise loop)
-        self.totals = np.add.reduceat(run_tokens, starts).astype(np.float64) if firsts else np.zeros(0)
-        self.attention = np.add.reduceat(terms, starts) if firsts else np.zeros(0)
+        # each cell's token total and attention-term sum, as ``group_sums`` gives them for one cell
+        self.totals, self.attention = cost.groups_sums(np.array(tokens, dtype=np.int64), np.array(prefix, dtype=np.int64),
+                                                       np.array(firsts, dtype=np.intp), cp)
         totals = self.totals.tolist()
         self.group_tokens = {kind: [int(sum(totals[c] for c in cells)) for cells in groups]
                              for kind, groups in self.members.items()}
