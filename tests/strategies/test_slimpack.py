@@ -2,6 +2,7 @@ import dataclasses
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -155,6 +156,53 @@ def test_memory_bound_outliers_beyond_the_replicas_share_merged_pipelines():
     bins = balance(costs, 4, merges, min_ways=min_ways)
     assert [len(b.replicas) for b in bins] == [2, 2]
     assert 2 in bins[0].items or 2 in bins[1].items
+
+
+def test_balance_gives_each_merged_width_its_own_speed():
+    # two merged pipelines (2 and 3 replicas) and 50 unit items: 70 units over 5 replicas' speed is
+    # 28 / 42; with the 3-wide group at half speed (1.5 replicas' worth) it is 40 / 30 (20 per unit)
+    costs = [10.0, 10.0] + [1.0] * 50
+    assert [b.load for b in balance(costs, 5, [(0, 2), (1, 3)])] == [28.0, 42.0]
+    assert [b.load for b in balance(costs, 5, [(0, 2), (1, 3)], merged_speed={3: 0.5})] == [40.0, 30.0]
+
+
+def test_where_every_replica_is_merged_the_merged_pipelines_end_together(monkeypatch):
+    # tp2 pp2, 7 replicas: a 200K sample needs 5 merged replicas (10 GPUs, across a node's link),
+    # a 90K one needs 2 (4 GPUs, in a node); no replica is left single. Balanced as if k merged
+    # replicas were k replicas' speed, the 5-wide pipeline ends about 1.5x after the 2-wide one;
+    # each width's speed measured, they end together and the step is shorter
+    reshaped_with = []
+    reshape = SlimPackPlanner._reshape_slow
+    monkeypatch.setattr(SlimPackPlanner, "_reshape_slow", lambda self, bins, pipes, samples, ranked, *a:
+                        reshaped_with.append(ranked) or reshape(self, bins, pipes, samples, ranked, *a))
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=7),
+                          train=TrainConfig(max_context=262144, global_batch_tokens=1 << 20, recompute="none"),
+                          planner=PlannerConfig(use_wide_merge=False, use_milp=False))
+    batch = [Sample(id=0, length=200_000), Sample(id=1, length=90_000)] + [Sample(id=i, length=4096)
+                                                                           for i in range(2, 152)]
+    planner = SlimPackPlanner(config)
+    plan = planner.plan(batch, step=0)
+    check_plan(plan)
+    assert sorted(len(p.replicas) for p in plan.pipelines) == [2, 5]
+    assert float(plan.info["merged_speeds"]["2"]) > 1.0  # the 5-wide one is the reference (more replicas)
+    # the re-balanced layout won; a pipeline slower than its score may still take another shape
+    assert len(reshaped_with[-1]) > 1
+    alone = [step_time(dataclasses.replace(plan, pipelines=(p,)), planner.cost) for p in plan.pipelines]
+    assert max(alone) <= 1.06 * min(alone)
+    uniform = balance(_costs(planner, batch), 7, [(0, 5), (1, 2)], min_ways=[5, 2] + [1] * 150)
+    shape = Shape(num_groups=plan.info["num_groups"], backward=plan.info["backward"], slicing=plan.info["slicing"],
+                  lookahead=plan.info["lookahead"], head_weight=plan.info["head_weight"])
+    uniform_alone = [step_time(dataclasses.replace(plan, pipelines=(planner._memo_pipeline(b, batch, shape),)),
+                               planner.cost) for b in uniform]
+    assert max(uniform_alone) >= 1.4 * min(uniform_alone)
+    assert simulate(plan).step_time_s <= 0.92 * max(uniform_alone)
+
+
+def _costs(planner: SlimPackPlanner, batch: list[Sample]) -> list[float]:
+    """Phase 1's per-sample costs, as the planner computes them."""
+    forward, backward = planner._slice_costs(0.0)
+    lengths = np.array([s.length for s in batch], dtype=np.float64)
+    return (forward(lengths, 0.0) + backward(lengths, 0.0)).tolist()
 
 
 @settings(max_examples=60, deadline=None)

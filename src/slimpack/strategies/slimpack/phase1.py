@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,7 +58,7 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
 
 
 def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], *,
-            merged_speed: float = 1.0, min_ways: Sequence[int] | None = None) -> list[Bin]:
+            merged_speed: Mapping[int, float] | None = None, min_ways: Sequence[int] | None = None) -> list[Bin]:
     """Pipelines (merged groups first, then single replicas) and the items each runs. Items go
     heaviest first to the pipeline whose load per unit of speed is lowest (LPT on uniform
     machines, Graham 1969), then single items move from the most to the least loaded pipeline
@@ -79,7 +79,8 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
         bins_replicas.append((r,))
         members.append([])
         loads.append(0.0)
-    width = [len(r) * (merged_speed if len(r) > 1 else 1.0) for r in bins_replicas]
+    speeds = merged_speed or {}
+    width = [len(r) * speeds.get(len(r), 1.0) for r in bins_replicas]
     merged = {i for i, _ in merges}
     widest = max(map(len, bins_replicas))
     need = [min(min_ways[i] if min_ways else 1, widest) for i in range(len(costs))]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -88,7 +88,7 @@ pipeline is rebuilt with): scoring a worse one stops as soon as it shows it rank
 MERGE_REBALANCES = 3
 """Times a DP-Merged pipeline's share of the batch is corrected by its simulated finish time."""
 MERGE_FINISH_TOLERANCE = 0.02
-"""A merged pipeline ending within this share of the heaviest single replica's step is left as is."""
+"""Merged pipelines of a width ending within this share of the reference's step are left as is."""
 @dataclass(slots=True)
 class MilpBudget:
     """The MILP refinement's share of one plan: a deadline for all its solves, and their results."""
@@ -397,27 +397,53 @@ class SlimPackPlanner:
 
     def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], min_ways: Sequence[int],
                        samples: Sequence[Sample], bins: Sequence[Bin], shape: Shape
-                       ) -> list[tuple[dict[Shape, Score], list[Bin], float]]:
+                       ) -> list[tuple[dict[Shape, Score], list[Bin], dict[int, float]]]:
         """DP-Merge that ends with everyone: phase 1 first counts k merged replicas as k replicas'
-        speed; the merged pipeline then simulates slower (context parallelism, the outlier's
-        chain), so its speed is corrected by the simulated ratio of step times and the batch
-        re-balanced, a few times. Each re-balanced layout, scored with ``shape``."""
-        out = []
-        speed = 1.0
-        for _ in range(MERGE_REBALANCES):
-            merged = [b for b in bins if len(b.replicas) > 1]
-            single = [b for b in bins if len(b.replicas) == 1]
-            if not single:
-                break
-            merged_s = max(self._simulate([self._memo_pipeline(b, samples, shape)])[1] for b in merged)
-            heaviest = max(single, key=lambda b: (b.load, -b.replicas[0]))
-            single_s = self._simulate([self._memo_pipeline(heaviest, samples, shape)])[1]
-            if abs(merged_s - single_s) <= MERGE_FINISH_TOLERANCE * single_s:
-                break
-            speed *= single_s / merged_s
-            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speed, min_ways=min_ways)
-            out.append(({shape: self._score(self._scored_bins(bins, samples), samples, shape)}, bins, speed))
+        speed; merged pipelines then simulate slower (context parallelism, the outlier's chain, a
+        group wider than a node on the slower link), so their speed is corrected by the simulated
+        ratio of their finish to the reference's and the batch re-balanced, a few times: once with
+        one speed for every merged pipeline against the heaviest single replica, and, where merged
+        pipelines differ in width, once with a speed per width (against the heaviest single replica
+        or, where every replica is merged, the width that holds the most replicas). Neither series
+        wins everywhere: a width's own speed follows its finish more closely, but the layouts it
+        gives can exceed memory where the common speed's do not. Each re-balanced layout, scored
+        with ``shape``, with the speeds it was balanced with."""
+        widths = {k for _, k in merges}
+        out = self._rebalanced(loads, merges, min_ways, samples, bins, shape, lambda k: k if k == 1 else 0)
+        if len(widths) > 1:
+            out += self._rebalanced(loads, merges, min_ways, samples, bins, shape, lambda k: k)
         return out
+
+    def _rebalanced(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], min_ways: Sequence[int],
+                    samples: Sequence[Sample], bins: Sequence[Bin], shape: Shape, speed_class: Callable[[int], int]
+                    ) -> list[tuple[dict[Shape, Score], list[Bin], dict[int, float]]]:
+        """The re-balancing series of ``_merged_speeds`` where the pipelines of one ``speed_class``
+        (of their width) share a speed."""
+        out = []
+        speeds: dict[int, float] = {}
+        for _ in range(MERGE_REBALANCES):
+            classes: dict[int, list[Bin]] = {}
+            for b in bins:
+                classes.setdefault(speed_class(len(b.replicas)), []).append(b)
+            if len(classes) < 2:
+                break
+            finish = {c: self._finish_s(group, samples, shape) for c, group in classes.items()}
+            ref = 1 if 1 in classes else max(classes, key=lambda c: (sum(len(b.replicas) for b in classes[c]), -c))
+            late = {c: s for c, s in finish.items() if abs(s - finish[ref]) > MERGE_FINISH_TOLERANCE * finish[ref]}
+            if not late:
+                break
+            for k in {len(b.replicas) for b in bins if speed_class(len(b.replicas)) in late}:
+                speeds[k] = speeds.get(k, 1.0) * finish[ref] / late[speed_class(k)]
+            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speeds, min_ways=min_ways)
+            out.append(({shape: self._score(self._scored_bins(bins, samples), samples, shape)}, bins, dict(speeds)))
+        return out
+
+    def _finish_s(self, pipelines: Sequence[Bin], samples: Sequence[Sample], shape: Shape) -> float:
+        """When the slowest of these pipelines ends, alone: for single replicas the heaviest one's
+        (they differ by load only), for merged ones each is simulated (their outliers differ)."""
+        if len(pipelines[0].replicas) == 1:
+            pipelines = [max(pipelines, key=lambda b: (b.load, -b.replicas[0]))]
+        return max(self._simulate([self._memo_pipeline(b, samples, shape)])[1] for b in pipelines)
 
     def _reshape_slow(self, bins: Sequence[Bin], pipelines: Sequence[PipelinePlan], samples: Sequence[Sample],
                       ranked: Sequence[Shape], expected_s: float, bounded: Collection[int] = ()
@@ -489,15 +515,18 @@ class SlimPackPlanner:
             scores = self._search(bins, samples, seed)
             tried += len(scores)
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
-            candidates = [(scores, bins, 1.0)]
+            candidates: list[tuple[dict[Shape, Score], list[Bin], dict[int, float]]] = [(scores, bins, {})]
             if merges:
-                candidates += self._merged_speeds(loads, merges, min_ways, samples, bins, shape)
+                # a re-balanced layout is scored with the winning shape only; the other shapes keep
+                # their ranks from the search, for rebuilding slow pipelines and the memory fallbacks
+                candidates += [({**scores, **rescored}, rebalanced, speeds) for rescored, rebalanced, speeds
+                               in self._merged_speeds(loads, merges, min_ways, samples, bins, shape)]
                 tried += len(candidates) - 1
             for scored, layout_bins, speed in candidates:
                 if best is None or rank(scored[shape]) < rank(best[0]):
                     best = (scored[shape], layout_bins, shape, share, len(merges), scored, speed)
         assert best is not None
-        _, bins, shape, share, num_merged, scores, merged_speed = best
+        _, bins, shape, share, num_merged, scores, merged_speeds = best
         self._seed = shape
         ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
@@ -520,7 +549,7 @@ class SlimPackPlanner:
         info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
                 "num_groups": shape.num_groups, "backward": shape.backward,
                 "slicing": shape.slicing, "lookahead": shape.lookahead, "head_weight": shape.head_weight,
-                "merge_share": share, "merged_pipelines": num_merged, "merged_speed": merged_speed,
+                "merge_share": share, "merged_pipelines": num_merged, "merged_speeds": {str(k): v for k, v in sorted(merged_speeds.items())},
                 "candidates": tried,
                 "memory_fallback_pipelines": fallbacks, "reshaped_pipelines": reshaped,
                 "milp": _milp_summary(milp.results if milp else None)}
