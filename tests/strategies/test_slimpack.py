@@ -208,11 +208,13 @@ def _costs(planner: SlimPackPlanner, batch: list[Sample]) -> list[float]:
 @settings(max_examples=60, deadline=None)
 @given(costs=st.lists(st.floats(0.1, 50.0), min_size=2, max_size=40), dp=st.integers(2, 8),
        needs=st.lists(st.sampled_from((1, 1, 1, 2, 3)), min_size=40, max_size=40),
-       share=st.sampled_from((None, 0.5, 1.0, 2.0)))
-def test_balance_puts_every_item_on_a_pipeline_wide_enough_for_it(costs, dp, needs, share):
+       share=st.sampled_from((None, 0.5, 1.0, 2.0)),
+       speeds=st.dictionaries(st.integers(2, 8), st.floats(0.2, 1.5), max_size=4))
+def test_balance_puts_every_item_on_a_pipeline_wide_enough_for_it(costs, dp, needs, share, speeds):
     min_ways = [min(n, dp) for n in needs[:len(costs)]]
     merges = plan_merges(costs, dp, merge_share=share, min_ways=min_ways) if share else []
-    bins = balance(costs, dp, merges, min_ways=min_ways)
+    bins = balance(costs, dp, merges, merged_speed=speeds, min_ways=min_ways)
+    assert sorted(r for b in bins for r in b.replicas) == list(range(dp))
     assert sorted(i for b in bins for i in b.items) == list(range(len(costs)))
     widest = max(len(b.replicas) for b in bins)
     for b in bins:
