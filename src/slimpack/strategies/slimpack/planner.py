@@ -408,9 +408,9 @@ class SlimPackPlanner:
         wins everywhere: a width's own speed follows its finish more closely, but the layouts it
         gives can exceed memory where the common speed's do not. Each re-balanced layout, scored
         with ``shape``, with the speeds it was balanced with."""
-        widths = {k for _, k in merges}
+        # speed classes of a pipeline's width: single replicas (1) and all merged widths together (0)
         out = self._rebalanced(loads, merges, min_ways, samples, bins, shape, lambda k: k if k == 1 else 0)
-        if len(widths) > 1:
+        if len({k for _, k in merges}) > 1:
             out += self._rebalanced(loads, merges, min_ways, samples, bins, shape, lambda k: k)
         return out
 
@@ -522,9 +522,9 @@ class SlimPackPlanner:
                 candidates += [({**scores, **rescored}, rebalanced, speeds) for rescored, rebalanced, speeds
                                in self._merged_speeds(loads, merges, min_ways, samples, bins, shape)]
                 tried += len(candidates) - 1
-            for scored, layout_bins, speed in candidates:
+            for scored, layout_bins, speeds in candidates:
                 if best is None or rank(scored[shape]) < rank(best[0]):
-                    best = (scored[shape], layout_bins, shape, share, len(merges), scored, speed)
+                    best = (scored[shape], layout_bins, shape, share, len(merges), scored, speeds)
         assert best is not None
         _, bins, shape, share, num_merged, scores, merged_speeds = best
         self._seed = shape
@@ -549,7 +549,8 @@ class SlimPackPlanner:
         info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
                 "num_groups": shape.num_groups, "backward": shape.backward,
                 "slicing": shape.slicing, "lookahead": shape.lookahead, "head_weight": shape.head_weight,
-                "merge_share": share, "merged_pipelines": num_merged, "merged_speeds": {str(k): v for k, v in sorted(merged_speeds.items())},
+                "merge_share": share, "merged_pipelines": num_merged,
+                "merged_speeds": {str(k): v for k, v in sorted(merged_speeds.items())},
                 "candidates": tried,
                 "memory_fallback_pipelines": fallbacks, "reshaped_pipelines": reshaped,
                 "milp": _milp_summary(milp.results if milp else None)}
