@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slimpack.config import EfficiencyConfig, ParallelConfig, TrainConfig, build_config
+from slimpack.config import EfficiencyConfig, ParallelConfig, TrainConfig, build_config, model_preset
 from slimpack.config.efficiency import efficiency_preset
 from slimpack.cost import CostModel
 from slimpack.cost.comm import ring_allreduce_time, ring_gather_time
@@ -134,7 +134,6 @@ def test_context_parallelism_splits_work_and_adds_kv_exchange():
 
 
 def test_activation_bytes_per_token_hand_computed():
-    from slimpack.config import model_preset
     m = model_preset("llama2-7b")  # h = 4096, f = 11008, MHA
     # none: 6h (norm in/out x2, Q, attention out) + 2h (K, V) + 3f, in bf16, + fp32 lse per head
     none = activation_bytes_per_token(m, recompute="none", tp=1, cp=1, sequence_parallel=True)
@@ -176,13 +175,31 @@ def test_wlb_llm_7b_at_128k_fits_in_80gb_and_naive_layouts_do_not():
 
 def test_model_states_follow_zero_accounting():
     cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=4, dp=4)))
-    from slimpack.config import model_preset
     m = model_preset("llama2-7b")
     stage1 = 8 * m.layer_params() / 2
     assert cost.stage_params(1) == stage1
     assert cost.model_state_bytes(1) == pytest.approx(stage1 * (2 + 2 + 12 / 4))
     assert cost.stage_params(0) == (8 * m.layer_params() + 32000 * 4096) / 2
     assert cost.stage_params(3) == (8 * m.layer_params() + 32000 * 4096 + 4096) / 2
+
+
+def test_a_sample_floor_never_drops_below_its_whole_k_and_v():
+    """tp 2 pp 2, no recomputation: a 200K-token sample's floor on stage 1 (16 layers and the head)
+    at cp c is the stage's model states plus its kept activations, of which K and V (2·h/tp bf16
+    elements per token and layer) stay whole on every cp rank and the rest (logits included) split
+    over c: so no cp, however wide, takes it below the states plus 24.4 GiB of K and V."""
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=8),
+                                  train=TrainConfig(recompute="none")))
+    tokens = 200_000
+    kv = tokens * 16 * 2 * 4096 / 2 * 2
+    states = max(cost.model_state_bytes(0), cost.model_state_bytes(1))
+    assert states == cost.model_state_bytes(1)  # the head's parameters outweigh the embedding's
+    per_token = activation_bytes_per_token(model_preset("llama2-7b"), recompute="none", tp=2, cp=1,
+                                           sequence_parallel=True)
+    rest = tokens * (16 * (per_token - 2 * 4096 / 2 * 2) + 32000 / 2 * 4 + 2 * 4096 * 2 / 2)
+    for cp in (1, 8, 64):
+        assert cost.sample_floor_bytes(tokens, cp=cp) == pytest.approx(states + kv + rest / cp, rel=1e-12)
+    assert kv / 2**30 == pytest.approx(24.41, abs=0.01) and cost.sample_floor_bytes(tokens, cp=10**9) > states + kv
 
 
 def test_ring_collectives_closed_form():

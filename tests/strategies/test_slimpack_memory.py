@@ -140,8 +140,32 @@ def test_the_issue_regime_scaled_down_fits_and_keeps_up():
 
 def test_when_nothing_fits_one_error_says_what_would():
     config = _config(pp=1, dp=1, tp=1, memory_gib=80.0, context=262144, recompute="none")
-    with pytest.raises(UserError, match=r"no plan of this batch fits.*raise tp, cp or pp.*--recompute full"):
+    with pytest.raises(UserError, match=r"no plan of this batch fits.*even at cp 1 that sample needs at least "
+                                        r"[0-9.]+ GiB per GPU.*; raise tp or pp, use --recompute full"):
         make_planner("slimpack", config).plan(_batch([262144]), step=0)
+
+
+@pytest.mark.parametrize(("tp", "fits"), [(2, False), (4, True)])
+def test_where_no_merge_can_hold_the_longest_sample_the_error_says_why(tp, fits):
+    """Issue 12's textbooks 256K probe in miniature (tp 2, pp 1, 8 replicas, no recomputation, a
+    221K-token sample): every cp rank keeps the sample's whole K and V, 54 GiB at tp 2, so even all
+    8 replicas merged (cp 8) need more than the GPU; the error says so, and what helps (tp 4 halves
+    the K and V, and the batch fits on merged replicas)."""
+    config = _config(pp=1, dp=8, tp=tp, memory_gib=80.0, context=262144, recompute="none")
+    batch = _batch([221_167, 30_000, 8_000, 2_000])
+    if fits:
+        plan = make_planner("slimpack", config).plan(batch, step=0)
+        assert not simulate(plan).oom
+        return
+    with pytest.raises(UserError) as error:
+        make_planner("slimpack", config).plan(batch, step=0)
+    message = str(error.value)
+    assert "even over all 8 replicas merged (cp 8) that sample needs at least" in message
+    assert "raise tp or pp, use --recompute full, or lower --max-context" in message
+    floor = float(message.split("needs at least ")[1].split(" GiB")[0])
+    best = float(message.split("the best needs ")[1].split(" of ")[0])
+    kv_gib = 221_167 * 32 * (2 * 4096 / 2) * 2 / 2**30  # 32 layers of K and V, bf16, half the heads
+    assert 53.9 < kv_gib < floor <= best  # at least the K and V; a floor below every plan's need
 
 
 def test_interleaved_layouts_get_sliced_groups_and_beat_whole_samples():

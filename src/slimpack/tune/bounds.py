@@ -4,9 +4,8 @@ Both are *lower* bounds on what the simulator would report, so pruning by them n
 layout (``tests/tune`` checks this against exhaustive simulation):
 
 - **memory floor**: model states plus the kept activations of the batch's longest sample on a
-  stage. All forwards of a sample's slices on a chunk run before the backward of its last slice
-  there, so at that moment all of them are held, however the sample is sliced or grouped (spread
-  over the widest context-parallel group the strategy can form).
+  stage (``CostModel.sample_floor_bytes``), spread over the widest context-parallel group the
+  strategy can form.
 - **time floor** of a run of steps: the whole-document work of every sample, per stage, as if the
   stage ran it as one group at the layout's cp, divided over the dp replicas, plus each step's
   gradient sync and optimizer. Every cost term is superadditive over groups (per-group overhead,
@@ -36,13 +35,7 @@ REPLICA_MERGING_STRATEGIES = frozenset({"slimpack"})
 def memory_floor_bytes(cost: CostModel, longest: int, strategy: str) -> float:
     """The least peak memory any plan of ``strategy`` can have on its fullest stage."""
     par = cost.config.parallel
-    cp = par.cp * (par.dp if strategy in REPLICA_MERGING_STRATEGIES else 1)
-    floors = []
-    for stage in range(par.pp):
-        kept = sum(cost.activation_bytes(longest, virtual_stage=chunk * par.pp + stage, cp=cp)
-                   for chunk in range(par.virtual_stages))
-        floors.append(cost.model_state_bytes(stage) + kept)
-    return max(floors)
+    return cost.sample_floor_bytes(longest, cp=par.cp * (par.dp if strategy in REPLICA_MERGING_STRATEGIES else 1))
 
 
 def time_floor_s(cost: CostModel, batches: Sequence[Sequence[int]], strategy: str) -> float:

@@ -188,17 +188,27 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
 
 
 def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:
-    """The error for a batch that no candidate fits: how far over it is and what would help."""
+    """The error for a batch that no candidate fits: how far over it is and what would help. Where
+    the longest sample does not fit even on every replica merged into one context-parallel group
+    (DP-Merge's widest), more cp on the same GPUs cannot help, and the error says why."""
     config = plan.config
     par, train = config.parallel, config.train
     usable = config.cluster.usable_memory_bytes
     need = max(plan_peaks(plan, cost), default=0.0)
     longest = max((s.length for s in plan.samples), default=0)
-    helps = ["raise tp, cp or pp (activations per GPU shrink with each)"]
+    widest = par.cp * par.dp
+    floor = cost.sample_floor_bytes(longest, cp=widest)
+    if floor > usable:
+        where = f"over all {par.dp} replicas merged (cp {widest})" if par.dp > 1 else f"at cp {widest}"
+        why = (f"; even {where} that sample needs at least {floor / 2**30:.1f} GiB per GPU (each "
+               f"context-parallel rank keeps its whole K and V)")
+        helps = ["raise tp or pp"]
+    else:
+        why, helps = "", ["raise tp, cp or pp (activations per GPU shrink with each)"]
     if train.recompute != "full":
         helps.append("use --recompute full")
     helps.append("or lower --max-context")
     return UserError(
         f"slimpack: no plan of this batch fits in GPU memory with tp {par.tp} pp {par.pp} cp {par.cp} "
         f"(recompute {train.recompute}): the best needs {need / 2**30:.1f} of {usable / 2**30:.1f} GiB "
-        f"(longest sample {longest:,} tokens); {', '.join(helps)}")
+        f"(longest sample {longest:,} tokens){why}; {', '.join(helps)}")
