@@ -3,7 +3,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slimpack.config import EfficiencyConfig, ParallelConfig, TrainConfig, build_config, model_preset
+from slimpack.config import (
+    EfficiencyConfig,
+    ParallelConfig,
+    TrainConfig,
+    build_config,
+    model_preset,
+)
 from slimpack.config.efficiency import efficiency_preset
 from slimpack.cost import CostModel
 from slimpack.cost.comm import ring_allreduce_time, ring_gather_time
