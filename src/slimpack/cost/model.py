@@ -317,8 +317,9 @@ class CostModel:
         return self.model.num_layers * (per_token * total + per_pair * pairs) + head * total
 
     # ---- memory ---------------------------------------------------------------------------
-    def activation_bytes(self, tokens: float, *, virtual_stage: int, cp: int | None = None) -> float:
-        """Bytes one device keeps for a group of ``tokens`` tokens from its forward to its backward."""
+    def activation_bytes(self, tokens: float, *, virtual_stage: int, cp: float | None = None) -> float:
+        """Bytes one device keeps for a group of ``tokens`` tokens from its forward to its backward
+        (``cp=math.inf``: the part no context parallelism divides)."""
         cp = cp or self.cp
         shape = self.chunk_shape(virtual_stage)
         kept = shape.num_layers * self.layer_activation_bytes(tokens, cp=cp)
@@ -326,20 +327,20 @@ class CostModel:
             kept += (self._logit_bytes + self._head_input_bytes) * tokens / cp
         return kept
 
-    def sample_floor_bytes(self, tokens: float, *, cp: int) -> float:
+    def sample_floor_bytes(self, tokens: float, *, cp: float) -> float:
         """The least peak memory of the fullest stage for any plan that trains a sample of
         ``tokens`` tokens over ``cp`` context-parallel ranks: model states plus the sample's kept
         activations on every chunk of the stage. All forwards of a sample's slices on a chunk run
         before the backward of its last slice there, so at that moment all of them are held,
         however the sample is sliced or grouped; and every cp rank keeps the whole sample's K and V,
-        so no cp brings this below the states plus those."""
+        so no cp brings this below the states plus those (``cp=math.inf`` gives that limit)."""
         par = self.config.parallel
         return max(self.model_state_bytes(stage)
                    + sum(self.activation_bytes(tokens, virtual_stage=chunk * par.pp + stage, cp=cp)
                          for chunk in range(par.virtual_stages))
                    for stage in range(par.pp))
 
-    def layer_activation_bytes(self, tokens: float, *, cp: int | None = None) -> float:
+    def layer_activation_bytes(self, tokens: float, *, cp: float | None = None) -> float:
         """Bytes one device keeps per transformer layer for ``tokens`` tokens (no stage extras)."""
         share = memory.context_parallel_share(self._act_bytes_layer, self._kv_bytes[self.recompute], cp or self.cp)
         return share * tokens

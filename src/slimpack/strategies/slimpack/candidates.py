@@ -16,6 +16,7 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -190,7 +191,8 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
 def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:
     """The error for a batch that no candidate fits: how far over it is and what would help. Where
     the longest sample does not fit even on every replica merged into one context-parallel group
-    (DP-Merge's widest), more cp on the same GPUs cannot help, and the error says why."""
+    (DP-Merge's widest), more cp on the same GPUs cannot help, and the error says so; where it
+    would not fit at any cp (every cp rank keeps its whole K and V), neither can more GPUs for cp."""
     config = plan.config
     par, train = config.parallel, config.train
     usable = config.cluster.usable_memory_bytes
@@ -198,13 +200,18 @@ def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:
     longest = max((s.length for s in plan.samples), default=0)
     widest = par.cp * par.dp
     floor = cost.sample_floor_bytes(longest, cp=widest)
-    if floor > usable:
-        where = f"over all {par.dp} replicas merged (cp {widest})" if par.dp > 1 else f"at cp {widest}"
-        why = (f"; even {where} that sample needs at least {floor / 2**30:.1f} GiB per GPU (each "
-               f"context-parallel rank keeps its whole K and V)")
-        helps = ["raise tp or pp"]
-    else:
+    if floor <= usable:
         why, helps = "", ["raise tp, cp or pp (activations per GPU shrink with each)"]
+    else:
+        where = f"over all {par.dp} replicas merged (cp {widest})" if par.dp > 1 else f"at cp {widest}"
+        why = f"; even {where} that sample needs at least {floor / 2**30:.1f} GiB per GPU"
+        least = cost.sample_floor_bytes(longest, cp=math.inf)
+        if least > usable:
+            why += (f", and at least {least / 2**30:.1f} GiB at any cp (each context-parallel rank keeps "
+                    f"its whole K and V)")
+            helps = ["raise tp or pp"]
+        else:
+            helps = ["raise tp or pp, or cp with more GPUs"]
     if train.recompute != "full":
         helps.append("use --recompute full")
     helps.append("or lower --max-context")
