@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import itemgetter
 
 from slimpack.plan.types import Run, Slice, runs
 
@@ -61,12 +63,19 @@ def pipeline_cells(forward: Sequence[Sequence[Slice]], backward: Sequence[Sequen
                    name: str = "pipeline") -> list[list[Cell]]:
     """Per forward group, its cells in the order of their first slice in the group. Raises
     ``ValueError`` for a cell no order can run (see ``cell_runs``)."""
-    backward_of = {s: b for b, group in enumerate(backward) for s in group}
+    # slice -> its backward group, and each forward group's slices' backward groups, built in C
+    backward_of = dict(zip(chain.from_iterable(backward),
+                           chain.from_iterable(repeat(b, len(group)) for b, group in enumerate(backward)), strict=True))
     cells = []
     for g, group in enumerate(forward):
+        targets = list(map(backward_of.__getitem__, group))
+        if targets and targets.count(targets[0]) == len(targets):  # the whole group in one backward group
+            slices = tuple(group)
+            cells.append([Cell((g, targets[0]), slices, cell_runs(g, targets[0], slices, name=name))])
+            continue
         members: dict[int, list[Slice]] = {}
-        for s in group:
-            members.setdefault(backward_of[s], []).append(s)
+        for s, b in zip(group, targets, strict=True):
+            members.setdefault(b, []).append(s)
         cells.append([Cell((g, b), tuple(slices), cell_runs(g, b, slices, name=name)) for b, slices in members.items()])
     return cells
 
@@ -74,7 +83,7 @@ def pipeline_cells(forward: Sequence[Sequence[Slice]], backward: Sequence[Sequen
 def cell_runs(g: int, b: int, slices: Sequence[Slice], *, name: str = "pipeline") -> tuple[Run, ...]:
     """The attention segments of cell (g, b): each sample's slices in the cell must be consecutive
     (the slice between two of them would have to run backward both before and after them)."""
-    if len({s.sample_id for s in slices}) == len(slices):
+    if len(set(map(itemgetter(0), slices))) == len(slices):
         return tuple(slices)  # one slice per sample: each is its own run (the common case, decided fast)
     per_sample: dict[int, list[Slice]] = {}
     for s in slices:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, compress, repeat
 from operator import itemgetter
 
 from slimpack.errors import ScheduleError
@@ -93,10 +93,10 @@ def data_dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
     f_group = slice_groups(forward)
     b_group = f_group if backward is forward else slice_groups(backward)  # 1F1B plans share their groups
     counts = Counter(map(itemgetter(0), f_group))
+    sliced = {sample_id for sample_id, n in counts.items() if n > 1}  # a sample of one slice has no chain
     chains: dict[int, list[int]] = {}
-    for sample_id, start in f_group:
-        if counts[sample_id] > 1:  # a sample of one slice has no chain
-            chains.setdefault(sample_id, []).append(start)
+    for sample_id, start in compress(f_group, map(sliced.__contains__, map(itemgetter(0), f_group))):
+        chains.setdefault(sample_id, []).append(start)
     dep_pairs_f: set[tuple[int, int]] = set()
     dep_pairs_b: set[tuple[int, int]] = set()
     for sample_id, starts in chains.items():

@@ -24,6 +24,7 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -63,8 +64,7 @@ class CellTable:
 
     def __init__(self, pipe: PipelinePlan, cp: int, cost: CostModel, *, where: str) -> None:
         self.cp = cp
-        tokens: list[int] = []
-        prefix: list[int] = []
+        all_runs: list = []
         firsts: list[int] = []  # index of each cell's first run
         self.members: dict[str, list[list[int]]] = {"F": [], "B": [[] for _ in pipe.backward]}
         """Per group, its cells: a forward group's in their order in the group, a backward group's
@@ -74,13 +74,13 @@ class CellTable:
             for cell in cells:
                 self.members["F"][-1].append(len(firsts))
                 self.members["B"][cell.key[1]].append(len(firsts))
-                firsts.append(len(tokens))
-                for run in cell.runs:
-                    tokens.append(run.end - run.start)
-                    prefix.append(run.start)
+                firsts.append(len(all_runs))
+                all_runs.extend(cell.runs)
+        # every run's (sample id, start, end), read in C
+        _, starts, ends = np.fromiter(chain.from_iterable(all_runs), dtype=np.int64,
+                                      count=3 * len(all_runs)).reshape(-1, 3).T
         # each cell's token total and attention-term sum, as ``group_sums`` gives them for one cell
-        self.totals, self.attention = cost.groups_sums(np.array(tokens, dtype=np.int64), np.array(prefix, dtype=np.int64),
-                                                       np.array(firsts, dtype=np.intp), cp)
+        self.totals, self.attention = cost.groups_sums(ends - starts, starts, np.array(firsts, dtype=np.intp), cp)
         totals = self.totals.tolist()
         self.group_tokens = {kind: [int(sum(totals[c] for c in cells)) for cells in groups]
                              for kind, groups in self.members.items()}

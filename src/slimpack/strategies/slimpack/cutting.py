@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from itertools import accumulate, chain
-from operator import sub
+from operator import itemgetter, sub
 
 import numpy as np
 
@@ -80,11 +80,6 @@ def piece_costs(pieces: Sequence[Slice], cost: SliceCost) -> np.ndarray:
     return cost(ends - starts, starts)
 
 
-def total_cost(pieces: Sequence[Slice], cost: SliceCost) -> float:
-    """Σ cost of ``pieces``."""
-    return float(np.sum(piece_costs(pieces, cost)))
-
-
 def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
                     from_end: bool = False) -> list[list[Slice]]:
     """Cut ``pieces`` (in order) into at most ``num_groups`` non-empty groups of equal cost. With
@@ -98,18 +93,20 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
     costs = piece_costs(pieces, cost)
     # the estimate sums the whole pieces last first, as this pass always has (the same float)
     estimate = float(np.sum(np.ascontiguousarray(costs[::-1])))
-    first = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, estimate)
-    actual = total_cost([s for group in first for s in group], cost)
-    return _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, actual)
+    _, first_costs = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, estimate)
+    actual = float(np.sum(np.array(first_costs)))  # as np.sum of ``piece_costs`` of its pieces
+    return _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, actual)[0]
 
 
 def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: SliceCost, rules: CutRules,
-         from_end: bool, remaining: float) -> list[list[Slice]]:
+         from_end: bool, remaining: float) -> tuple[list[list[Slice]], list[float]]:
     """One pass: ``costs`` are the pieces' (the head piece's changes where it is cut), ``remaining``
-    what the groups still to form should cost together."""
+    what the groups still to form should cost together. Returns the groups and the cost of each of
+    their pieces in order (a cut piece's parts priced as ``piece_costs`` prices them, bit for bit)."""
     sequence = list(pieces)
     at = 0  # the next piece
     groups: list[list[Slice]] = []
+    placed: list[float] = []  # the cost of each piece placed in a group, in order
     cut_samples: set[int] = set()
     linked = 0  # tokens of the run of linked groups the current group continues (0: it starts one)
     no_cut = dataclasses.replace(rules, can_cut=False)
@@ -118,24 +115,30 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
             break
         if g == num_groups - 1:
             groups.append(sequence[at:])
+            placed += costs[at:]
             break
         budget = remaining / (num_groups - g)
         # whole pieces while they fit, found with running sums in C (the same additions, in the
         # same order, as adding one piece at a time)
         taken_whole, filled = _whole_pieces_within(costs, at, budget)
         group = sequence[at:at + taken_whole]
-        remaining = _subtract_each(remaining, costs[at:at + taken_whole])
+        whole_costs = costs[at:at + taken_whole]
+        remaining = _subtract_each(remaining, whole_costs)
+        placed += whole_costs
         at += taken_whole
         if at < len(sequence):
             piece = sequence[at]
             # cutting a new sample in a group that holds the last slice of a cut one links their chains
-            links = piece.sample_id not in cut_samples and any(s.sample_id in cut_samples for s in group)
-            held = linked + group_tokens(group) + piece.tokens
+            # (the group's sample ids are matched against the cut ones in C)
+            links = (piece.sample_id not in cut_samples and bool(cut_samples)
+                     and not cut_samples.isdisjoint(map(itemgetter(0), group)))
+            too_long = links and linked + group_tokens(group) + piece.tokens > rules.max_linked_tokens
             taken, kept = overflow(piece, costs[at], filled, budget, bool(group), cost,
-                                   no_cut if links and held > rules.max_linked_tokens else rules, from_end)
+                                   no_cut if too_long else rules, from_end)
             if taken is not None:
                 group.append(taken)
-                remaining -= costs[at] if kept is None else cost(taken.tokens, taken.start)
+                placed.append(costs[at] if kept is None else cost(taken.tokens, taken.start))
+                remaining -= placed[-1]
             if kept is None:
                 at += 1
             elif taken is not None:
@@ -145,7 +148,7 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
         ends_inside = bool(group) and at < len(sequence) and group[-1].sample_id == sequence[at].sample_id
         linked = linked + group_tokens(group) if ends_inside else 0
         groups.append(group)
-    return groups
+    return groups, placed
 
 
 def overflow(piece: Slice, whole: float, filled: float, budget: float, started: bool, cost: SliceCost,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
+from itertools import chain, compress, count
 from operator import itemgetter
 
 from slimpack.plan.types import Group, Slice
@@ -18,12 +19,15 @@ def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
     """The forward slices in order, with each sample's slices reversed over the positions they
     occupy: the order in which backward can consume them (a sample's later slices first) while
     staying close to forward order."""
-    flat = [s for group in forward for s in group]
+    flat = list(chain.from_iterable(forward))
     counts = Counter(map(itemgetter(0), flat))
+    sliced = {sid for sid, n in counts.items() if n > 1}  # a sample of one slice stays where it is
+    if not sliced:
+        return flat
     positions: dict[int, list[int]] = {}
-    for k, s in enumerate(flat):
-        if counts[s.sample_id] > 1:  # a sample of one slice stays where it is
-            positions.setdefault(s.sample_id, []).append(k)
+    # only the positions of sliced samples' slices are visited (picked out in C)
+    for k in compress(count(), map(sliced.__contains__, map(itemgetter(0), flat))):
+        positions.setdefault(flat[k].sample_id, []).append(k)
     out = list(flat)
     for places in positions.values():
         for k, source in zip(places, reversed(places), strict=True):
@@ -36,6 +40,9 @@ def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, list[int]]) -> tup
     membership and order."""
     out = []
     for group in groups:
+        if cuts.keys().isdisjoint(map(itemgetter(0), group)):  # nothing to split here (checked in C)
+            out.append(tuple(group))
+            continue
         pieces: list[Slice] = []
         for s in group:
             points = cuts.get(s.sample_id)
@@ -52,7 +59,7 @@ def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, list[int]]) -> tup
 def _canonical(group: Sequence[Slice]) -> Group:
     """Slices of one sample inside a group are listed in data order (the runtime reverses them in
     backward); the order of different samples is kept."""
-    if len({s.sample_id for s in group}) == len(group):
+    if len(set(map(itemgetter(0), group))) == len(group):
         return tuple(group)  # one slice per sample: already in that order
     order = {}
     for s in group:
@@ -67,12 +74,10 @@ def asymmetric_groups(forward: list[list[Slice]], backward_cost: SliceCost, rule
     boundaries."""
     backward = cut_into_groups(backward_sequence(forward), len(forward), backward_cost, rules, from_end=True)
     # the positions where backward cut a sample further than forward did
-    ends = {(s.sample_id, s.end) for group in forward for s in group}
+    ends = set(map(itemgetter(0, 2), chain.from_iterable(forward)))  # (sample id, end), built in C
     extra: dict[int, set[int]] = {}
-    for group in backward:
-        for s in group:
-            if (s.sample_id, s.end) not in ends:
-                extra.setdefault(s.sample_id, set()).add(s.end)
+    for sample_id, end in set(map(itemgetter(0, 2), chain.from_iterable(backward))) - ends:
+        extra.setdefault(sample_id, set()).add(end)
     cuts = {sid: sorted(points) for sid, points in extra.items()}
     # backward pieces are forward slices, some cut further: giving forward those cuts too makes
     # both groupings partition the same slices

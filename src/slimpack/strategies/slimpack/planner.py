@@ -587,10 +587,11 @@ class SlimPackPlanner:
         if not self._merge_whole_batch:
             return plan
         if plan is not None:
-            usable = self.config.cluster.usable_memory_bytes
-            tight = max(plan_peaks(plan, self.cost), default=0.0) > TIGHT_MEMORY * usable
             worth_a_plan = (full_search and len(batch) <= CANDIDATES_MAX_SAMPLES) or self._merge_won or throttled(plan)
-            if not (tight and worth_a_plan):
+            if not worth_a_plan:  # decided before the peaks are computed: a pass over every pipeline's order
+                return plan
+            usable = self.config.cluster.usable_memory_bytes
+            if max(plan_peaks(plan, self.cost), default=0.0) <= TIGHT_MEMORY * usable:
                 return plan
         # every plan the planner returns carries its simulated step (``safest_plan``), and a plan
         # of the widened layout takes the same time on the merged replicas (tests/strategies/test_wide_merge.py)
