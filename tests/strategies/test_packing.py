@@ -41,6 +41,34 @@ def test_least_loaded_fit_falls_back_to_fewest_tokens_then_leaves_over():
     assert left == [2]
 
 
+def _least_loaded_by_scans(order, lengths, weights, num_bins, capacity):
+    """WLB-LLM's placement as its pseudo-code reads: scan every bin for the least weight and the
+    fewest tokens (the lower bin of equals)."""
+    load, tokens, bins, left = [0.0] * num_bins, [0] * num_bins, [[] for _ in range(num_bins)], []
+    for item in order:
+        target = min(range(num_bins), key=lambda b: (load[b], b))
+        if tokens[target] + lengths[item] > capacity:
+            target = min(range(num_bins), key=lambda b: (tokens[b], b))
+            if tokens[target] + lengths[item] > capacity:
+                left.append(item)
+                continue
+        bins[target].append(item)
+        load[target] += weights[item]
+        tokens[target] += lengths[item]
+    return bins, left
+
+
+@given(st.lists(st.tuples(st.integers(1, 12), st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 1e16 / 3])), max_size=60),
+       st.integers(1, 9), st.integers(12, 40), st.randoms())
+def test_least_loaded_fit_equals_scanning_every_bin(items, num_bins, capacity, rng):
+    # few distinct weights and lengths: ties between bins are common, and zero weights leave loads equal
+    lengths, weights = [n for n, _ in items], [w for _, w in items]
+    order = list(range(len(items)))
+    rng.shuffle(order)
+    assert least_loaded_fit(order, lengths, weights, num_bins, capacity) == \
+        _least_loaded_by_scans(order, lengths, weights, num_bins, capacity)
+
+
 def test_smallest_count_scans_upward():
     calls = []
 

@@ -8,6 +8,7 @@ every result is deterministic. Must not import torch.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from heapq import heappop, heappush
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -41,23 +42,37 @@ def least_loaded_fit(order: Sequence[int], lengths: Sequence[int], weights: Sequ
                      num_bins: int, capacity: int) -> tuple[Bins, list[int]]:
     """WLB-LLM's greedy placement (Wang et al., OSDI'25, Algorithm 1): items in ``order`` each go to the
     bin of least weight if it has room, else to the bin of fewest tokens if that has room, else are
-    left over. Returns the bins and the left-over items (in ``order``)."""
-    load = np.zeros(num_bins)
-    tokens = np.zeros(num_bins, dtype=np.int64)
+    left over. Returns the bins and the left-over items (in ``order``). Ties go to the lower bin."""
+    load = [0.0] * num_bins
+    tokens = [0] * num_bins
+    # the lightest and the emptiest bin are the tops of two heaps of (value, bin); a bin's older
+    # entries are skipped when they surface (loads and token counts only grow), so each item costs
+    # O(log bins) instead of two scans of every bin
+    by_load = [(0.0, b) for b in range(num_bins)]
+    by_tokens = [(0, b) for b in range(num_bins)]
     bins: Bins = [[] for _ in range(num_bins)]
     left: list[int] = []
     for item in order:
         n = lengths[item]
-        target = int(np.argmin(load))
+        target = _current_top(by_load, load)
         if tokens[target] + n > capacity:
-            target = int(np.argmin(tokens))
+            target = _current_top(by_tokens, tokens)
             if tokens[target] + n > capacity:
                 left.append(item)
                 continue
         bins[target].append(item)
         load[target] += weights[item]
         tokens[target] += n
+        heappush(by_load, (load[target], target))
+        heappush(by_tokens, (tokens[target], target))
     return bins, left
+
+
+def _current_top(heap: list[tuple[float, int]], values: Sequence[float]) -> int:
+    """The bin of least value (the lower bin of equals), its outdated entries popped first."""
+    while heap[0][0] != values[heap[0][1]]:
+        heappop(heap)
+    return heap[0][1]
 
 
 def smallest_count(build: Callable[[int], T | None], lowest: int, highest: int) -> T:
