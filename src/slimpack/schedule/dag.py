@@ -112,27 +112,34 @@ def data_dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
     return DataDependencies(sorted(dep_pairs_f), sorted(dep_pairs_b), last_stage)
 
 
-def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *,
-                 num_vstages: int) -> dict[ActionKey, list[tuple[ActionKey, int]]]:
-    """Every action's predecessors other than its device's previous action: (key, P2P or DEP), the
-    P2P input first. The rule for any order, so the schedule builders read it from here (the graph
-    builder reads the same rule by node id)."""
-    preds: dict[ActionKey, list[tuple[ActionKey, int]]] = {}
-    last = num_vstages - 1
-    for kind, groups in (("F", forward), ("B", backward)):
-        for vstage in range(num_vstages):
-            source = input_source(kind, vstage, num_vstages)
-            for group in range(len(groups)):
-                preds[(kind, group, vstage)] = [] if source is None else [((kind, group, source), P2P)]
+def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]],
+                 streams: Sequence[tuple[str, int]], *, num_vstages: int) -> list[list[list[tuple[int, int]]]]:
+    """Every action's predecessors other than its device's previous action, per stream (one kind
+    of action on one virtual stage: ``streams`` lists each (kind, virtual stage) of the pipeline)
+    and group, as (stream index, group): the P2P input, the data dependencies on every virtual
+    stage, and on the last one a backward after the forwards holding its slices. The rule for any
+    order, so the schedule builders read it from here (the graph builder reads the same rule by
+    node id). Built per stream, not per action: the list scheduler asks for it for every pipeline
+    it orders, tens of thousands of actions under interleaving."""
+    counts = {"F": len(forward), "B": len(backward)}
+    number = {stream: i for i, stream in enumerate(streams)}
     deps = data_dependencies(forward, backward)
-    for vstage in range(num_vstages):
-        for before, after in deps.forward:
-            preds[("F", after, vstage)].append((("F", before, vstage), DEP))
-        for before, after in deps.backward:
-            preds[("B", after, vstage)].append((("B", before, vstage), DEP))
+    earlier: dict[str, dict[int, list[int]]] = {"F": {}, "B": {}}  # per kind: group -> the groups it waits for
+    for kind, pairs in (("F", deps.forward), ("B", deps.backward)):
+        for before, after in pairs:
+            earlier[kind].setdefault(after, []).append(before)
+    needs = []
+    for stream, (kind, vstage) in enumerate(streams):
+        source = input_source(kind, vstage, num_vstages)
+        rows: list[list[tuple[int, int]]] = ([[] for _ in range(counts[kind])] if source is None else
+                                             [[(number[(kind, source)], g)] for g in range(counts[kind])])
+        for group, befores in earlier[kind].items():
+            rows[group] += [(stream, before) for before in befores]
+        needs.append(rows)
+    last = num_vstages - 1
     for fg, bg in deps.last_stage:
-        preds[("B", bg, last)].append((("F", fg, last), DEP))
-    return preds
+        needs[number[("B", last)]][bg].append((number[("F", last)], fg))
+    return needs
 
 
 def slice_groups(groups: Sequence[Sequence[SliceKey]]) -> dict[tuple[int, int], int]:

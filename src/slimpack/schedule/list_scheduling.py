@@ -50,10 +50,8 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     number = {stream: i for i, stream in enumerate(streams)}
     position = [0] * len(streams)
     finish: list[list[float | None]] = [[None] * counts[kind] for kind, _ in streams]
-    needs: list[list[list[tuple[int, int]]]] = [[[] for _ in range(counts[kind])] for kind, _ in streams]
-    """Per stream and group: the (stream, group) of the action's predecessors (``dag.dependencies``)."""
-    for (kind, group, vstage), before in dependencies(forward, backward, num_vstages=num_vstages).items():
-        needs[number[(kind, vstage)]][group] = [(number[(k, v)], g) for (k, g, v), _ in before]
+    needs = dependencies(forward, backward, streams, num_vstages=num_vstages)
+    """Per stream and group: the (stream, group) of the action's predecessors."""
     # a forward of a device's first chunk reserves what its group will keep on all the device's chunks
     reserves = [kind == "F" and vstage < pp for kind, vstage in streams]
 
@@ -91,11 +89,12 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     on_device: list[list[int]] = [[] for _ in range(pp)]
     for stream, (_, vstage) in enumerate(streams):
         on_device[vstage % pp].append(stream)
-    picks: list[tuple[tuple | None, tuple | None]] = [(None, None)] * pp
+    # per device, its runnable action and its action blocked by the memory cap that start first,
+    # each as (start, tie order, stream, key), or None
+    runnable: list[tuple | None] = [None] * pp
+    held_back: list[tuple | None] = [None] * pp
 
-    def pick(device: int) -> tuple[tuple | None, tuple | None]:
-        """The device's (runnable, blocked by its memory cap) action that starts first, each as
-        (start, tie order, stream, key), or None."""
+    def pick(device: int) -> None:
         best = blocked = None
         for stream in on_device[device]:
             entry = heads[stream]
@@ -107,15 +106,16 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
                 blocked = rank if blocked is None or rank < blocked else blocked
             elif best is None or rank < best:
                 best = rank
-        return best, blocked
+        runnable[device], held_back[device] = best, blocked
 
     stale = set(range(pp))
     remaining = sum(counts.values()) * num_vstages
     while remaining:
         for device in stale:
-            picks[device] = pick(device)
-        runnable = [p[0] for p in picks if p[0] is not None]
-        chosen = min(runnable) if runnable else min((p[1] for p in picks if p[1] is not None), default=None)
+            pick(device)
+        # the earliest runnable action, else the earliest blocked one (ranks are non-empty tuples,
+        # so ``filter(None, ...)`` drops exactly the devices without one)
+        chosen = min(filter(None, runnable), default=None) or min(filter(None, held_back), default=None)
         assert chosen is not None, "no action can start: the groups' dependencies form a cycle"
         start, _, stream, key = chosen
         kind, group, vstage = key
@@ -126,10 +126,11 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         elif vstage < pp:
             live[device] += reserve[group][device]
         position[stream] += 1
-        orders[device].append(Action(kind, group, vstage // pp))  # type: ignore[arg-type]
+        orders[device].append(tuple.__new__(Action, (kind, group, vstage // pp)))  # the named tuple, made in C
         stale = {device}
         for other in waiters[stream]:
             heads[other] = head(other)
             stale.add(streams[other][1] % pp)
         remaining -= 1
     return tuple(tuple(actions) for actions in orders)
+

@@ -8,8 +8,8 @@ every result is deterministic. Must not import torch.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heappop, heappush
 from collections.abc import Callable, Sequence
+from heapq import heappop, heappush
 from typing import TypeVar
 
 import numpy as np
