@@ -66,7 +66,8 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             if done is None:
                 ready = None
                 break
-            ready = max(ready, done)
+            if done > ready:  # (not ``max``: this runs for every predecessor of every action)
+                ready = done
         chunk = vstage // pp
         # ties: backward first; then Megatron's unit order (rounds of pp groups, chunk by chunk)
         order = (0, group // pp, chunks - 1 - chunk, group % pp) if kind == "B" else (1, group // pp, chunk, group % pp)
@@ -101,7 +102,7 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             if entry is None or entry[0] is None:
                 continue
             ready, order, key = entry
-            rank = (max(ready, free[device]), order, stream, key)
+            rank = (ready if ready >= free[device] else free[device], order, stream, key)
             if reserves[stream] and live[device] + reserve[key[1]][device] > cap_bytes[device]:
                 blocked = rank if blocked is None or rank < blocked else blocked
             elif best is None or rank < best:
