@@ -83,7 +83,7 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     width = [len(r) * speeds.get(len(r), 1.0) for r in bins_replicas]
     merged = {i for i, _ in merges}
     widest = max(map(len, bins_replicas))
-    need = [min(min_ways[i] if min_ways else 1, widest) for i in range(len(costs))]
+    need = np.minimum(min_ways, widest).tolist() if min_ways else [1] * len(costs)
     # one heap of (load, bin) per pipeline width: the best bin for an item is the best heap top
     heaps: dict[float, list[tuple[float, int]]] = {}
     for b, w in enumerate(width):

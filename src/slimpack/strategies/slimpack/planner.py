@@ -500,8 +500,10 @@ class SlimPackPlanner:
         costs = (forward_cost(lengths, 0.0) + backward_cost(lengths, 0.0)).tolist()  # as per sample, bit for bit
         loads = costs if knobs.use_cost_balance else [float(s.length) for s in samples]
         holds = self._longest_held()
-        min_ways = [1 if s.length <= holds[0] or not knobs.use_dp_merge else
-                    next((k for k, most in enumerate(holds, 1) if s.length <= most), par.dp) for s in samples]
+        # per sample, the fewest merged replicas whose pipeline holds it (the first k with
+        # holds[k-1] >= its length, found on the running maximum of ``holds``; dp if none)
+        min_ways = (np.minimum(np.searchsorted(np.maximum.accumulate(holds), lengths) + 1, par.dp).tolist()
+                    if knobs.use_dp_merge else [1] * len(samples))
         best = None
         tried = 0
         tried_merges: list[list[tuple[int, int]]] = []
