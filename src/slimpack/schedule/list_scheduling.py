@@ -134,4 +134,3 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             stale.add(streams[other][1] % pp)
         remaining -= 1
     return tuple(tuple(actions) for actions in orders)
-
