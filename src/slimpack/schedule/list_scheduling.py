@@ -68,6 +68,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
                 break
             if done > ready:  # (not ``max``: this runs for every predecessor of every action)
                 ready = done
+        previous = heads[stream]
+        if previous is not None and previous[2][1] == group:  # only its readiness moved
+            return ready, previous[1], previous[2]
         chunk = vstage // pp
         # ties: backward first; then Megatron's unit order (rounds of pp groups, chunk by chunk)
         order = (0, group // pp, chunks - 1 - chunk, group % pp) if kind == "B" else (1, group // pp, chunk, group % pp)
@@ -86,7 +89,8 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     # Each device's pick changes only when its own time or memory moves (it ran the last action)
     # or one of its streams' heads moves (``waiters``), so picks are kept per device and only
     # those devices' streams are looked at again.
-    heads = [head(stream) for stream in range(len(streams))]
+    heads: list[tuple[float | None, tuple, ActionKey] | None] = [None] * len(streams)
+    heads[:] = [head(stream) for stream in range(len(streams))]
     on_device: list[list[int]] = [[] for _ in range(pp)]
     for stream, (_, vstage) in enumerate(streams):
         on_device[vstage % pp].append(stream)
