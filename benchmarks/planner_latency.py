@@ -1,6 +1,8 @@
 """SlimPack planner latency on one core: p50/p99 wall time per step at 256 and 2048 GPUs (issue 12's
 targets: 1 s and 2 s) at 128K context (Llama-2-7B, tp 8 x pp 4, 64K tokens per GPU per batch,
-wikipedia), with and without the MILP refinement, written to docs/planner-latency.md. One planner
+wikipedia), with and without the MILP refinement, as a table written to ``--out`` (by default
+planner-latency.md in the current folder: docs/planner-latency.md is the hand-kept record of every
+session's runs, which a run must not overwrite). One planner
 plans consecutive steps, as in training: step 0 (and every FULL_SEARCH_EVERY-th) runs the full
 candidate search, the others search around the previous step's winner.
 
@@ -26,7 +28,8 @@ from slimpack.strategies.stream import PlanStream
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--out", default="docs/planner-latency.md")
+    parser.add_argument("--out", default="planner-latency.md",
+                        help="table to write (default planner-latency.md; not docs/planner-latency.md, the record)")
     parser.add_argument("--gpus", default="256,2048", help="comma-separated GPU counts (multiples of 32)")
     parser.add_argument("--milp", default="on,off", help="comma-separated: on, off")
     args = parser.parse_args()
