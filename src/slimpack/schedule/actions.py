@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import chain
 from typing import Literal, NamedTuple
+
+import numpy as np
 
 from slimpack.errors import UserError
 
@@ -33,3 +37,9 @@ Order = tuple[tuple[Action, ...], ...]
 
 SliceKey = tuple[int, int, int]
 """A slice as schedules see it, ``(sample_id, start, end)`` (``plan.types.Slice`` is one)."""
+
+
+def slice_columns(slices: Iterable[SliceKey], count: int, dtype: type = np.int64) -> np.ndarray:
+    """The sample ids, starts and ends of ``count`` slices as the three rows of an array, read in C:
+    the planners and the simulator turn thousands of slices into cost-model arrays per pipeline."""
+    return np.fromiter(chain.from_iterable(slices), dtype=dtype, count=3 * count).reshape(-1, 3).T

@@ -15,7 +15,7 @@ import numpy as np
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.errors import ScheduleError
-from slimpack.schedule.actions import Order, SliceKey
+from slimpack.schedule.actions import Order, SliceKey, slice_columns
 from slimpack.schedule.builders import (
     backward_needs,
     dependency_aware,
@@ -100,7 +100,6 @@ def interleaved_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
 def _groups_sums(cost: CostModel, groups: Sequence[Sequence[SliceKey]], cp: int) -> tuple[np.ndarray, np.ndarray]:
     """Each group's token total and attention-term sum (``CostModel.groups_sums``), its slices
     flattened in one pass."""
-    flat = np.fromiter(chain.from_iterable(chain.from_iterable(groups)), dtype=np.int64,
-                       count=3 * sum(map(len, groups))).reshape(-1, 3)
+    _, starts, ends = slice_columns(chain.from_iterable(groups), sum(map(len, groups)))
     firsts = np.fromiter(accumulate(map(len, groups[:-1]), initial=0), dtype=np.intp, count=len(groups))
-    return cost.groups_sums(flat[:, 2] - flat[:, 1], flat[:, 1], firsts, cp)
+    return cost.groups_sums(ends - starts, starts, firsts, cp)

@@ -24,7 +24,6 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import chain
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from slimpack.cost import CostModel, model_training_flops
 from slimpack.plan.cells import pipeline_cells
 from slimpack.plan.check import check_groups, schedule_graph
 from slimpack.plan.types import PipelinePlan, Plan, group_tokens
+from slimpack.schedule.actions import slice_columns
 from slimpack.sim.result import DeviceMemory, SimResult, Span
 
 CellArrays = tuple[np.ndarray, np.ndarray]
@@ -76,9 +76,7 @@ class CellTable:
                 self.members["B"][cell.key[1]].append(len(firsts))
                 firsts.append(len(all_runs))
                 all_runs.extend(cell.runs)
-        # every run's (sample id, start, end), read in C
-        _, starts, ends = np.fromiter(chain.from_iterable(all_runs), dtype=np.int64,
-                                      count=3 * len(all_runs)).reshape(-1, 3).T
+        _, starts, ends = slice_columns(all_runs, len(all_runs))
         # each cell's token total and attention-term sum, as ``group_sums`` gives them for one cell
         self.totals, self.attention = cost.groups_sums(ends - starts, starts, np.array(firsts, dtype=np.intp), cp)
         totals = self.totals.tolist()

@@ -17,12 +17,13 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from itertools import accumulate, chain
+from itertools import accumulate
 from operator import itemgetter, sub
 
 import numpy as np
 
 from slimpack.plan.types import Slice, group_tokens
+from slimpack.schedule.actions import slice_columns
 
 SliceCost = Callable[[float, float], float]
 """cost(tokens, prefix) of a slice; increasing in tokens."""
@@ -76,7 +77,7 @@ def piece_costs(pieces: Sequence[Slice], cost: SliceCost) -> np.ndarray:
     on float64 arrays of integer positions they give, bit for bit, what one call per piece gives."""
     if not pieces:
         return np.zeros(0)
-    _, starts, ends = np.fromiter(chain.from_iterable(pieces), dtype=np.float64, count=3 * len(pieces)).reshape(-1, 3).T
+    _, starts, ends = slice_columns(pieces, len(pieces), np.float64)
     return cost(ends - starts, starts)
 
 
