@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from itertools import accumulate
-from operator import itemgetter
+
+import numpy as np
 
 from slimpack.schedule.actions import Action, Order, SliceKey
-from slimpack.schedule.dag import slice_groups
+from slimpack.schedule.dag import slice_table
 
 
 def gpipe(num_groups: int, pp: int) -> Order:
@@ -43,9 +43,10 @@ def backward_needs(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seq
     """For each backward group i, how many forward groups must have run before B_i on any stage:
     1 + the last forward group holding a slice of backward groups 0..i (a prefix maximum, because
     backward groups run in order)."""
-    group_of = slice_groups(forward)
-    last_needed = [max(map(group_of.__getitem__, map(itemgetter(0, 1), group)), default=-1) + 1 for group in backward]
-    return list(accumulate(last_needed, max, initial=0))[1:]
+    _, f_group, b_group = slice_table(forward, backward)
+    last_needed = np.full(len(backward), -1)
+    np.maximum.at(last_needed, b_group, f_group)
+    return np.maximum.accumulate(last_needed + 1).tolist()
 
 
 def chain_lookahead(need: Sequence[int]) -> int:

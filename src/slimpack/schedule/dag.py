@@ -13,14 +13,14 @@ Must not import torch.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, chain, compress, repeat
-from operator import itemgetter
+from itertools import accumulate, chain
+
+import numpy as np
 
 from slimpack.errors import ScheduleError
-from slimpack.schedule.actions import Action, Order, SliceKey
+from slimpack.schedule.actions import Action, Order, SliceKey, slice_columns
 from slimpack.schedule.lowering import deadlock_message, input_source
 
 SEQ, P2P, DEP = 0, 1, 2
@@ -87,29 +87,45 @@ class DataDependencies:
 
 def data_dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]]
                       ) -> DataDependencies:
-    """The data dependencies between slices of one sample, as group pairs (the maps are built with
-    C-level iterators: a pipeline holds thousands of slices and the simulator builds its graph for
-    every candidate the planner scores)."""
-    f_group = slice_groups(forward)
-    b_group = f_group if backward is forward else slice_groups(backward)  # 1F1B plans share their groups
-    counts = Counter(map(itemgetter(0), f_group))
-    sliced = {sample_id for sample_id, n in counts.items() if n > 1}  # a sample of one slice has no chain
-    chains: dict[int, list[int]] = {}
-    for sample_id, start in compress(f_group, map(sliced.__contains__, map(itemgetter(0), f_group))):
-        chains.setdefault(sample_id, []).append(start)
-    dep_pairs_f: set[tuple[int, int]] = set()
-    dep_pairs_b: set[tuple[int, int]] = set()
-    for sample_id, starts in chains.items():
-        starts.sort()
-        for a, b in zip(starts, starts[1:], strict=False):
-            fa, fb = f_group[(sample_id, a)], f_group[(sample_id, b)]
-            if fa != fb:
-                dep_pairs_f.add((fa, fb))  # F(fb) after F(fa)
-            ba, bb = b_group[(sample_id, a)], b_group[(sample_id, b)]
-            if ba != bb:
-                dep_pairs_b.add((bb, ba))  # B(ba) after B(bb)
-    last_stage = sorted(set(zip(f_group.values(), map(b_group.__getitem__, f_group), strict=True)))
-    return DataDependencies(sorted(dep_pairs_f), sorted(dep_pairs_b), last_stage)
+    """The data dependencies between slices of one sample, as group pairs: consecutive slices of a
+    sample (``slice_table`` lists them side by side) in different groups."""
+    sample, f_group, b_group = slice_table(forward, backward)
+    chained = sample[1:] == sample[:-1]  # slice i + 1 continues slice i's sample
+    f_before, f_after = f_group[:-1][chained], f_group[1:][chained]
+    b_before, b_after = b_group[1:][chained], b_group[:-1][chained]  # backward runs the later slice first
+    span = max(len(forward), len(backward))
+    return DataDependencies(_group_pairs(f_before, f_after, f_before != f_after, span),
+                            _group_pairs(b_before, b_after, b_before != b_after, span),
+                            _group_pairs(f_group, b_group, None, span))
+
+
+def _group_pairs(first: np.ndarray, second: np.ndarray, keep: np.ndarray | None, span: int) -> list[tuple[int, int]]:
+    """The distinct (first, second) pairs (where ``keep``), sorted; group indices are below ``span``."""
+    codes = np.unique(first * span + second if keep is None else first[keep] * span + second[keep])
+    return list(zip((codes // span).tolist(), (codes % span).tolist(), strict=True))
+
+
+def slice_table(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every slice of a pipeline in (sample id, start) order, as three aligned arrays: its sample id,
+    its forward group's index and its backward group's index. Sorted in numpy: a pipeline holds
+    thousands of slices, and the simulator builds the graph of every candidate the planner scores.
+    The forward and backward groups must hold the same slices (``check_groups`` checks it first)."""
+    sample, start, f_group = _slices_in_order(forward)
+    if backward is forward:  # 1F1B plans share their groups
+        return sample, f_group, f_group
+    b_sample, b_start, b_group = _slices_in_order(backward)
+    if not (np.array_equal(sample, b_sample) and np.array_equal(start, b_start)):
+        raise ScheduleError("the backward groups hold other slices than the forward groups")
+    return sample, f_group, b_group
+
+
+def _slices_in_order(groups: Sequence[Sequence[SliceKey]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sample ids, starts, group indices) of the groups' slices, sorted by (sample id, start)."""
+    sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+    sample, start, _ = slice_columns(chain.from_iterable(groups), int(sizes.sum()))
+    order = np.lexsort((start, sample))
+    return sample[order], start[order], np.repeat(np.arange(len(groups)), sizes)[order]
 
 
 def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]],
@@ -140,12 +156,6 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     for fg, bg in deps.last_stage:
         needs[number[("B", last)]][bg].append((number[("F", last)], fg))
     return needs
-
-
-def slice_groups(groups: Sequence[Sequence[SliceKey]]) -> dict[tuple[int, int], int]:
-    """(sample id, start) of each slice -> its group's index (built with C-level iterators)."""
-    keys = map(itemgetter(0, 1), chain.from_iterable(groups))
-    return dict(zip(keys, chain.from_iterable(repeat(g, len(group)) for g, group in enumerate(groups)), strict=True))
 
 
 def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,

@@ -1,0 +1,86 @@
+"""The data dependencies of a pipeline's groups (``dag.data_dependencies``) and the forwards each
+backward needs (``builders.backward_needs``), against a slice-by-slice reference."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slimpack.errors import ScheduleError
+from slimpack.plan.types import Slice
+from slimpack.schedule import backward_needs
+from slimpack.schedule.dag import data_dependencies
+
+
+def _reference(forward, backward):
+    """One slice at a time: consecutive slices of a sample in different groups make a pair."""
+    f_group = {(s.sample_id, s.start): g for g, group in enumerate(forward) for s in group}
+    b_group = {(s.sample_id, s.start): g for g, group in enumerate(backward) for s in group}
+    keys = sorted(f_group)
+    f_pairs, b_pairs = set(), set()
+    for earlier, later in zip(keys, keys[1:], strict=False):
+        if earlier[0] != later[0]:
+            continue
+        if f_group[earlier] != f_group[later]:
+            f_pairs.add((f_group[earlier], f_group[later]))
+        if b_group[earlier] != b_group[later]:
+            b_pairs.add((b_group[later], b_group[earlier]))  # backward runs the later slice first
+    last_stage = {(f_group[k], b_group[k]) for k in keys}
+    need, most = [], 0
+    for group in backward:
+        most = max([most, *(f_group[(s.sample_id, s.start)] + 1 for s in group)])
+        need.append(most)
+    return sorted(f_pairs), sorted(b_pairs), sorted(last_stage), need
+
+
+@st.composite
+def _groupings(draw):
+    """Samples cut into slices, dealt into forward groups and, separately, into backward groups
+    (any grouping: the functions read groups, not schedules)."""
+    slices = []
+    for sample_id in draw(st.lists(st.integers(0, 10_000), min_size=1, max_size=12, unique=True)):
+        cuts = sorted(draw(st.sets(st.integers(1, 99), max_size=4)))
+        bounds = [0, *cuts, 100]
+        slices += [Slice(sample_id, a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+    def deal():
+        count = draw(st.integers(1, len(slices)))
+        owner = draw(st.lists(st.integers(0, count - 1), min_size=len(slices), max_size=len(slices)))
+        order = draw(st.permutations(range(len(slices))))
+        groups = [[] for _ in range(count)]
+        for i in order:
+            groups[owner[i]].append(slices[i])
+        return tuple(tuple(g) for g in groups)  # some groups may be empty
+
+    forward = deal()
+    return forward, draw(st.sampled_from([forward, None])) or deal()
+
+
+@given(_groupings())
+def test_dependencies_and_needs_match_the_slice_by_slice_reference(groupings):
+    forward, backward = groupings
+    deps = data_dependencies(forward, backward)
+    f_pairs, b_pairs, last_stage, need = _reference(forward, backward)
+    assert deps.forward == f_pairs
+    assert deps.backward == b_pairs
+    assert deps.last_stage == last_stage
+    assert backward_needs(forward, backward) == need
+
+
+def test_a_chain_cut_three_ways_with_regrouped_backwards():
+    # sample 0 cut at 10 and 20 into forward groups 0, 1, 2; sample 1 whole in group 3.
+    # backward groups: [s0's last slice], [its first two], [s1]
+    s0 = [Slice(0, 0, 10), Slice(0, 10, 20), Slice(0, 20, 30)]
+    s1 = Slice(1, 0, 5)
+    forward = ((s0[0],), (s0[1],), (s0[2],), (s1,))
+    backward = ((s0[2],), (s0[0], s0[1]), (s1,))
+    deps = data_dependencies(forward, backward)
+    assert deps.forward == [(0, 1), (1, 2)]
+    assert deps.backward == [(0, 1)]  # B of group 1 (slices 0, 1) after B of group 0 (slice 2)
+    assert deps.last_stage == [(0, 1), (1, 1), (2, 0), (3, 2)]
+    assert backward_needs(forward, backward) == [3, 3, 4]
+
+
+def test_backward_groups_of_other_slices_are_refused():
+    forward = ((Slice(0, 0, 10), Slice(0, 10, 20)),)
+    with pytest.raises(ScheduleError, match="other slices"):
+        data_dependencies(forward, ((Slice(0, 0, 20),),))
