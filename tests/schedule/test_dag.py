@@ -1,5 +1,6 @@
 """The data dependencies of a pipeline's groups (``dag.data_dependencies``) and the forwards each
-backward needs (``builders.backward_needs``), against a slice-by-slice reference."""
+backward needs (``builders.backward_needs``), against a slice-by-slice reference; the graph's edges
+(``dag.build_graph``) against the per-stream rule the schedulers read (``dag.dependencies``)."""
 
 import pytest
 from hypothesis import given
@@ -8,7 +9,15 @@ from hypothesis import strategies as st
 from slimpack.errors import ScheduleError
 from slimpack.plan.types import Slice
 from slimpack.schedule import backward_needs
-from slimpack.schedule.dag import data_dependencies
+from slimpack.schedule.actions import Action
+from slimpack.schedule.dag import (
+    P2P,
+    SEQ,
+    build_graph,
+    data_dependencies,
+    dependencies,
+    topological_order,
+)
 
 
 def _reference(forward, backward):
@@ -84,3 +93,38 @@ def test_backward_groups_of_other_slices_are_refused():
     forward = ((Slice(0, 0, 10), Slice(0, 10, 20)),)
     with pytest.raises(ScheduleError, match="other slices"):
         data_dependencies(forward, ((Slice(0, 0, 20),),))
+
+
+@given(_groupings(), st.integers(1, 4), st.integers(1, 2), st.randoms(use_true_random=False))
+def test_the_graph_has_the_edges_of_the_dependency_rule(groupings, pp, chunks, rng):
+    forward, backward = groupings
+    num_vstages = pp * chunks
+    # any order holding every action once (the edges do not depend on it; it may deadlock)
+    order = []
+    for _ in range(pp):
+        actions = [Action(kind, g, c) for kind, groups in (("F", forward), ("B", backward))
+                   for g in range(len(groups)) for c in range(chunks)]
+        rng.shuffle(actions)
+        order.append(tuple(actions))
+    graph = build_graph(forward, backward, tuple(order), pp=pp, chunks=chunks)
+    streams = [(kind, v) for kind in "FB" for v in range(num_vstages)]
+    rule = dependencies(forward, backward, streams, num_vstages=num_vstages)
+    nodes = graph.nodes()
+    for node, (device, (kind, group, chunk)) in enumerate(nodes):
+        vstage = chunk * pp + device
+        preds = graph.preds(node)
+        expected = [(streams[s][0], g, streams[s][1]) for s, g in rule[streams.index((kind, vstage))][group]]
+        assert [(nodes[p][1].kind, nodes[p][1].group, nodes[p][1].chunk * pp + nodes[p][0]) for p, edge in preds if edge != SEQ] == expected
+        assert [p for p, edge in preds if edge == SEQ] == ([] if node in graph.first else [node - 1])
+        assert graph.p2p_input[node] == next((p for p, edge in preds if edge == P2P), -1)
+
+
+def test_a_backward_before_the_forward_it_needs_deadlocks():
+    # one sample cut in two, forward groups 0 and 1; on one stage the backward of the later slice's
+    # group runs before that group's forward
+    forward = ((Slice(0, 0, 10),), (Slice(0, 10, 20),))
+    good = ((Action("F", 0), Action("F", 1), Action("B", 1), Action("B", 0)),)
+    bad = ((Action("F", 0), Action("B", 1), Action("F", 1), Action("B", 0)),)
+    assert topological_order(build_graph(forward, forward, good, pp=1, chunks=1)) == [0, 1, 2, 3]
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        topological_order(build_graph(forward, forward, bad, pp=1, chunks=1))

@@ -38,12 +38,12 @@ def test_every_dependency_is_respected(plan):
         graph, _ = schedule_graph(pipe, plan.config)
         span_of = {(s.stage, s.kind, s.group, s.chunk): s for s in result.spans
                    if s.pipeline == p and s.kind in ("F", "B")}
-        assert len(span_of) == len(graph.nodes)  # every action ran, once
-        for node, preds in enumerate(graph.preds):
-            device, action = graph.nodes[node]
+        nodes = graph.nodes()
+        assert len(span_of) == len(nodes)  # every action ran, once
+        for node, (device, action) in enumerate(nodes):
             span = span_of[(device, *action)]
-            for pred, kind in preds:
-                pred_device, pred_action = graph.nodes[pred]
+            for pred, kind in graph.preds(node):
+                pred_device, pred_action = nodes[pred]
                 ready = span_of[(pred_device, *pred_action)].end_s
                 if kind == P2P:  # activations or gradients travel to the next device first
                     ready += cost.p2p_time(span.tokens, from_stage=pred_device, to_stage=device, cp=pipe.cp)

@@ -1,7 +1,7 @@
 """The dependency graph of one pipeline's actions (DESIGN.md §3 "Dependencies"), shared by the plan
 checker and the simulator.
 
-Nodes are (device, position in that device's order). Edges:
+Nodes are the actions, numbered device by device in each device's order. Edges:
 - ``seq``: the previous action of the same device (a device runs its order one action at a time);
 - ``p2p``: an action after the action whose output it receives (``schedule.lowering``: F of a group
   on virtual stage v after its F on v-1, B on v after B on v+1);
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
+from operator import itemgetter
 
 import numpy as np
 
@@ -28,21 +29,53 @@ SEQ, P2P, DEP = 0, 1, 2
 
 @dataclass(slots=True)
 class ActionGraph:
+    """Node ids run device by device, each device's actions in its order. Per node, as arrays: its
+    device, chunk, virtual stage, group and whether it is a forward (read in C from the order: the
+    simulator builds the graph of every candidate pipeline the planner scores)."""
+
     pp: int
     chunks: int
-    nodes: list[tuple[int, Action]]
-    """(device, action) per node id; node ids run device by device in order."""
-    preds: list[list[tuple[int, int]]]
-    """Per node: (predecessor node id, edge kind SEQ/P2P/DEP)."""
-    p2p_input: list[int]
-    """Per node: its P2P predecessor (the one input from another device), or -1 (also in ``preds``:
-    kept apart for the simulator's timeline)."""
+    order: Order
     first: list[int]
-    """Device d's nodes are ``first[d]`` .. ``first[d + 1] - 1`` (node ids run device by device)."""
+    """Device d's nodes are ``first[d]`` .. ``first[d + 1] - 1``."""
+    device: np.ndarray
+    chunk: np.ndarray
+    vstage: np.ndarray
+    group: np.ndarray
+    forward: np.ndarray
+    p2p_input: list[int]
+    """Per node: its P2P predecessor (the one input from another device), or -1."""
+    dep_edges: tuple[np.ndarray, np.ndarray]
+    """The ``dep`` edges as (after, before) node arrays, in the order ``dependencies`` lists them
+    per node. (The ``seq`` edges are implicit in the node ids.)"""
 
-    def virtual_stage(self, node: int) -> int:
-        device, action = self.nodes[node]
-        return action.chunk * self.pp + device
+    @property
+    def deps_in_order(self) -> bool:
+        """Whether every ``dep`` edge runs forward in its device's order. Each joins two actions of
+        one virtual stage, so of one device: then it is implied by the ``seq`` edges, and the order
+        is free of cycles if the ``seq`` and ``p2p`` edges are; else the order deadlocks."""
+        after, before = self.dep_edges
+        return bool(np.all(before < after))
+
+    def dep_preds(self) -> dict[int, list[int]]:
+        """The nodes with data dependencies: their ``dep`` predecessors."""
+        out: dict[int, list[int]] = {}
+        for node, pred in zip(*(edges.tolist() for edges in self.dep_edges), strict=True):
+            out.setdefault(node, []).append(pred)
+        return out
+
+    def nodes(self) -> list[tuple[int, Action]]:
+        """(device, action) per node id."""
+        return [(device, action) for device, actions in enumerate(self.order) for action in actions]
+
+    def preds(self, node: int) -> list[tuple[int, int]]:
+        """A node's (predecessor, edge kind SEQ/P2P/DEP): its device's previous action, its P2P
+        input, then its data dependencies."""
+        out = [(node - 1, SEQ)] if node not in self.first else []
+        if self.p2p_input[node] >= 0:
+            out.append((self.p2p_input[node], P2P))
+        after, before = self.dep_edges
+        return out + [(pred, DEP) for pred in before[after == node].tolist()]
 
 
 def _check_actions(order: tuple[tuple[Action, ...], ...], num_forward: int, num_backward: int,
@@ -165,34 +198,42 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
     if len(order) != pp:
         raise ScheduleError(f"{where}: order has {len(order)} stage(s), the layout has pp={pp}")
     _check_actions(order, len(forward), len(backward), chunks, where)
-    nodes = [(device, action) for device, actions in enumerate(order) for action in actions]
+    sizes = list(map(len, order))
+    first = list(accumulate(sizes, initial=0))
+    num = first[-1]
+    actions = list(chain.from_iterable(order))
+    device = np.repeat(np.arange(pp), sizes)
+    group = np.fromiter(map(itemgetter(1), actions), dtype=np.int64, count=num)
+    chunk = np.fromiter(map(itemgetter(2), actions), dtype=np.int64, count=num)
+    is_forward = np.fromiter(map("F".__eq__, map(itemgetter(0), actions)), dtype=bool, count=num)
+    vstage = chunk * pp + device
     num_vstages = pp * chunks
-    # node_of[kind][virtual stage][group]: the node of that action
-    node_of = {"F": [[0] * len(forward) for _ in range(num_vstages)],
-               "B": [[0] * len(backward) for _ in range(num_vstages)]}
-    for node, (device, (kind, group, chunk)) in enumerate(nodes):
-        node_of[kind][chunk * pp + device][group] = node
-    first = list(accumulate(map(len, order), initial=0))
-    starts = set(first)
-    preds: list[list[tuple[int, int]]] = [[] if node in starts else [(node - 1, SEQ)] for node in range(len(nodes))]
-    p2p_input = [-1] * len(nodes)
-    # the edges of ``dependencies``, in its order per node: the P2P input, then the data dependencies
+    # node_of[kind][virtual stage, group]: the node of that action (each is in the order once)
+    node_of = {}
+    for kind, mine, count in (("F", is_forward, len(forward)), ("B", ~is_forward, len(backward))):
+        node_of[kind] = np.zeros((num_vstages, count), dtype=np.int64)
+        node_of[kind][vstage[mine], group[mine]] = np.flatnonzero(mine)
+    # the edges of ``dependencies``: the P2P input, then the data dependencies, in its order per node
+    p2p_input = np.full(num, -1)
     for kind in "FB":
-        for vstage in range(num_vstages):
-            source = input_source(kind, vstage, num_vstages)
+        for stage in range(num_vstages):
+            source = input_source(kind, stage, num_vstages)
             if source is not None:
-                for node, src in zip(node_of[kind][vstage], node_of[kind][source], strict=True):
-                    preds[node].append((src, P2P))
-                    p2p_input[node] = src
+                p2p_input[node_of[kind][stage]] = node_of[kind][source]
     deps = data_dependencies(forward, backward)
+    after, before = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     for kind, pairs in (("F", deps.forward), ("B", deps.backward)):
-        for row in node_of[kind]:
-            for before, after in pairs:
-                preds[row[after]].append((row[before], DEP))
-    f_last, b_last = node_of["F"][-1], node_of["B"][-1]
-    for fg, bg in deps.last_stage:
-        preds[b_last[bg]].append((f_last[fg], DEP))
-    return ActionGraph(pp=pp, chunks=chunks, nodes=nodes, preds=preds, p2p_input=p2p_input, first=first)
+        if pairs:
+            earlier, later = np.array(pairs).T
+            after.append(node_of[kind][:, later].ravel())  # virtual stage by virtual stage
+            before.append(node_of[kind][:, earlier].ravel())
+    if deps.last_stage:
+        fg, bg = np.array(deps.last_stage).T
+        after.append(node_of["B"][-1][bg])
+        before.append(node_of["F"][-1][fg])
+    return ActionGraph(pp=pp, chunks=chunks, order=order, first=first, device=device, chunk=chunk, vstage=vstage,
+                       group=group, forward=is_forward, p2p_input=p2p_input.tolist(),
+                       dep_edges=(np.concatenate(after), np.concatenate(before)))
 
 
 def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
@@ -202,10 +243,14 @@ def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
     actions while their inputs are done, until none can move (sweeps alternate direction, as
     forwards flow down the stages and backwards up). No successor lists are built, which makes this
     a fraction of Kahn's algorithm's cost on the graphs the simulator sees; it leaves out the
-    same nodes (those that wait, directly or not, on a cycle)."""
-    preds, first = graph.preds, graph.first
+    same nodes (those that wait, directly or not, on a cycle). A node's ``seq`` edge holds by the
+    sweep itself, and so do its ``dep`` edges when they run forward on their device (the common
+    case, checked on arrays first); only its P2P input is checked then."""
+    p2p_input, first = graph.p2p_input, graph.first
+    dep_preds = {} if graph.deps_in_order else graph.dep_preds()
+    num = first[-1]
     position = first[:-1]
-    done = [False] * len(graph.nodes)
+    done = [False] * num + [True]  # done[-1] stands for "no P2P input"
     out: list[int] = []
     devices = list(range(graph.pp))
     moved = True
@@ -213,20 +258,17 @@ def topological_order(graph: ActionGraph, where: str = "pipeline") -> list[int]:
         moved = False
         for device in devices:
             node, end = position[device], first[device + 1]
-            while node < end:
-                for pred, _ in preds[node]:
-                    if not done[pred]:
-                        break
-                else:
-                    done[node] = True
-                    out.append(node)
-                    node += 1
-                    continue
-                break
+            while node < end and done[p2p_input[node]]:
+                waits_on = dep_preds.get(node)
+                if waits_on is not None and not all(map(done.__getitem__, waits_on)):
+                    break
+                done[node] = True
+                out.append(node)
+                node += 1
             if node > position[device]:
                 position[device], moved = node, True
         devices.reverse()
-    if len(out) < len(graph.nodes):
+    if len(out) < num:
         raise ScheduleError(_deadlock(graph, set(out), where))
     return out
 
@@ -237,11 +279,12 @@ def _deadlock(graph: ActionGraph, done: set[int], where: str) -> str:
     order: list[list[Action]] = [[] for _ in range(graph.pp)]
     position = [0] * graph.pp
     waits: dict[int, str] = {}
-    for node, (device, action) in enumerate(graph.nodes):
+    nodes = graph.nodes()
+    for node, (device, action) in enumerate(nodes):
         order[device].append(action)
         if node in done:
             position[device] += 1
         elif device not in waits:
-            missing = [graph.nodes[p] for p, kind in graph.preds[node] if kind != SEQ and p not in done]
+            missing = [nodes[p] for p, kind in graph.preds(node) if kind != SEQ and p not in done]
             waits[device] = ", ".join(f"{a} on stage {d}" for d, a in missing[:2])
     return deadlock_message(order, position, waits, where=where)

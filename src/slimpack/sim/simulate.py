@@ -104,13 +104,9 @@ class _PipelineRun:
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self._cells = CellTable(pipe, self.cp, cost, where=f"pipelines[{index}]")
         graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
-        self.nodes = graph.nodes
-        num = len(graph.nodes)
-        # per node, as arrays: device, chunk, group, whether a forward (one pass over the nodes)
-        columns = np.array([x for device, (kind, group, chunk) in graph.nodes for x in (device, chunk, group, kind == "F")],
-                           dtype=np.int64).reshape(num, 4).T
-        device, chunk, group, forward = columns[0], columns[1], columns[2], columns[3].astype(bool)
-        vstage = chunk * self.pp + device  # ActionGraph.virtual_stage
+        self.graph = graph
+        num = len(graph.p2p_input)
+        device, group, forward, vstage = graph.device, graph.group, graph.forward, graph.vstage
         self.first = graph.first
         tokens = np.zeros(num, dtype=np.int64)
         for kind, mine in (("F", forward), ("B", ~forward)):
@@ -166,7 +162,7 @@ class _PipelineRun:
 
     def spans(self) -> list[Span]:
         return [Span(self.index, device, action.kind, action.group, action.chunk, s, e, tokens)
-                for (device, action), s, e, tokens in zip(self.nodes, self.start, self.end, self.tokens.tolist(),
+                for (device, action), s, e, tokens in zip(self.graph.nodes(), self.start, self.end, self.tokens.tolist(),
                                                           strict=True)]
 
     def memory(self, cost: CostModel) -> list[DeviceMemory]:
