@@ -24,6 +24,7 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -79,16 +80,21 @@ class CellTable:
         _, starts, ends = slice_columns(all_runs, len(all_runs))
         # each cell's token total and attention-term sum, as ``group_sums`` gives them for one cell
         self.totals, self.attention = cost.groups_sums(ends - starts, starts, np.array(firsts, dtype=np.intp), cp)
-        totals = self.totals.tolist()
-        self.group_tokens = {kind: [int(sum(totals[c] for c in cells)) for cells in groups]
-                             for kind, groups in self.members.items()}
+        self._group_of = {kind: np.repeat(np.arange(len(groups)), [len(cells) for cells in groups])[
+            np.argsort(np.fromiter(chain.from_iterable(groups), dtype=np.intp, count=len(firsts)), kind="stable")]
+            for kind, groups in self.members.items()}
+        """Per kind, each cell's group (a group's cells are in rising cell order, so ``np.bincount``
+        adds them left to right, as a loop over the group's cells would)."""
+        self.group_tokens = {kind: self._group_sums(kind, self.totals).astype(np.int64).tolist() for kind in "FB"}
         self.counts = tuple(tuple(len(cells) for cells in self.members[kind]) for kind in "FB")
+
+    def _group_sums(self, kind: str, per_cell: np.ndarray) -> np.ndarray:
+        return np.bincount(self._group_of[kind], weights=per_cell, minlength=len(self.members[kind]))
 
     def group_times(self, cost: CostModel, kind: str, vstage: int) -> list[float]:
         """Per group of ``kind``, its time on ``vstage``: the sum of its cells' times."""
-        per_cell = cost.cells_time(self.totals, self.attention, virtual_stage=vstage, backward=kind == "B",
-                                   cp=self.cp).tolist()
-        return [sum(per_cell[c] for c in cells) for cells in self.members[kind]]
+        return self._group_sums(kind, cost.cells_time(self.totals, self.attention, virtual_stage=vstage,
+                                                       backward=kind == "B", cp=self.cp)).tolist()
 
 
 class _PipelineRun:
