@@ -162,15 +162,17 @@ def _slices_in_order(groups: Sequence[Sequence[SliceKey]]) -> tuple[np.ndarray, 
 
 
 def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]],
-                 streams: Sequence[tuple[str, int]], *, num_vstages: int) -> list[list[list[tuple[int, int]]]]:
-    """Every action's predecessors other than its device's previous action, per stream (one kind
-    of action on one virtual stage: ``streams`` lists each (kind, virtual stage) of the pipeline)
-    and group, as (stream index, group): the P2P input, the data dependencies on every virtual
-    stage, and on the last one a backward after the forwards holding its slices. The rule for any
-    order, so the schedule builders read it from here (the graph builder reads the same rule by
-    node id). Built per stream, not per action: the list scheduler asks for it for every pipeline
-    it orders, tens of thousands of actions under interleaving."""
+                 streams: Sequence[tuple[str, int]], *, num_vstages: int) -> tuple[list[int], list[list[list[int]]]]:
+    """Every action's predecessors other than its device's previous action: the P2P input, the data
+    dependencies on every virtual stage, and on the last one a backward after the forwards holding
+    its slices. The rule for any order, so the schedule builders read it from here (the graph
+    builder reads the same rule by node id). Per stream (one kind of action on one virtual stage:
+    ``streams`` lists each (kind, virtual stage) of the pipeline) and group, as action numbers:
+    actions are numbered stream after stream, group ``g`` of stream ``s`` as ``first[s] + g``,
+    and ``first`` is returned first. Built per stream, not per action: the list scheduler asks for
+    it for every pipeline it orders, tens of thousands of actions under interleaving."""
     counts = {"F": len(forward), "B": len(backward)}
+    first = list(accumulate((counts[kind] for kind, _ in streams), initial=0))
     number = {stream: i for i, stream in enumerate(streams)}
     deps = data_dependencies(forward, backward)
     earlier: dict[str, dict[int, list[int]]] = {"F": {}, "B": {}}  # per kind: group -> the groups it waits for
@@ -180,15 +182,15 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     needs = []
     for stream, (kind, vstage) in enumerate(streams):
         source = input_source(kind, vstage, num_vstages)
-        rows: list[list[tuple[int, int]]] = ([[] for _ in range(counts[kind])] if source is None else
-                                             [[(number[(kind, source)], g)] for g in range(counts[kind])])
+        rows: list[list[int]] = ([[] for _ in range(counts[kind])] if source is None else
+                                 [[g] for g in range(first[number[(kind, source)]], first[number[(kind, source)] + 1])])
         for group, befores in earlier[kind].items():
-            rows[group] += [(stream, before) for before in befores]
+            rows[group] += [first[stream] + before for before in befores]
         needs.append(rows)
     last = num_vstages - 1
     for fg, bg in deps.last_stage:
-        needs[number[("B", last)]][bg].append((number[("F", last)], fg))
-    return needs
+        needs[number[("B", last)]][bg].append(first[number[("F", last)]] + fg)
+    return first, needs
 
 
 def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,

@@ -22,6 +22,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from slimpack.schedule.actions import Action, Order, SliceKey
@@ -49,9 +50,15 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     streams = [(kind, vstage) for kind in ("B", "F") for vstage in range(num_vstages) if counts[kind]]
     number = {stream: i for i, stream in enumerate(streams)}
     position = [0] * len(streams)
-    finish: list[list[float | None]] = [[None] * counts[kind] for kind, _ in streams]
-    needs = dependencies(forward, backward, streams, num_vstages=num_vstages)
-    """Per stream and group: the (stream, group) of the action's predecessors."""
+    first, needs = dependencies(forward, backward, streams, num_vstages=num_vstages)
+    """Per stream and group: the numbers of the action's predecessors (group g of stream s is
+    action ``first[s] + g``)."""
+    finish: list[float | None] = [None] * first[-1]
+    """Per action number, when it ends (None: not placed yet)."""
+    # every device of a chunk runs the same Action objects, made once (in C) per kind, chunk and group
+    made = {(kind, chunk): [tuple.__new__(Action, (kind, group, chunk)) for group in range(counts[kind])]
+            for kind in counts for chunk in range(chunks)}
+    actions = [made[(kind, vstage // pp)] for kind, vstage in streams]
     # a forward of a device's first chunk reserves what its group will keep on all the device's chunks
     reserves = [kind == "F" and vstage < pp for kind, vstage in streams]
 
@@ -61,8 +68,8 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         if group == counts[kind]:
             return None
         ready: float | None = 0.0
-        for other, other_group in needs[stream][group]:
-            done = finish[other][other_group]
+        for other in needs[stream][group]:
+            done = finish[other]
             if done is None:
                 ready = None
                 break
@@ -95,12 +102,13 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     for stream, (_, vstage) in enumerate(streams):
         on_device[vstage % pp].append(stream)
     # per device, its runnable action and its action blocked by the memory cap that start first,
-    # each as (start, tie order, stream, key), or None
-    runnable: list[tuple | None] = [None] * pp
-    held_back: list[tuple | None] = [None] * pp
+    # each as (start, tie order, stream, key), or ``nothing``, which ranks after every action
+    nothing = (math.inf,)
+    runnable: list[tuple] = [nothing] * pp
+    held_back: list[tuple] = [nothing] * pp
 
     def pick(device: int) -> None:
-        best = blocked = None
+        best = blocked = nothing
         for stream in on_device[device]:
             entry = heads[stream]
             if entry is None or entry[0] is None:
@@ -108,8 +116,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             ready, order, key = entry
             rank = (ready if ready >= free[device] else free[device], order, stream, key)
             if reserves[stream] and live[device] + reserve[key[1]][device] > cap_bytes[device]:
-                blocked = rank if blocked is None or rank < blocked else blocked
-            elif best is None or rank < best:
+                if rank < blocked:
+                    blocked = rank
+            elif rank < best:
                 best = rank
         runnable[device], held_back[device] = best, blocked
 
@@ -118,20 +127,21 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     while remaining:
         for device in stale:
             pick(device)
-        # the earliest runnable action, else the earliest blocked one (ranks are non-empty tuples,
-        # so ``filter(None, ...)`` drops exactly the devices without one)
-        chosen = min(filter(None, runnable), default=None) or min(filter(None, held_back), default=None)
-        assert chosen is not None, "no action can start: the groups' dependencies form a cycle"
+        # the earliest runnable action, else the earliest blocked one
+        chosen = min(runnable)
+        if chosen is nothing:
+            chosen = min(held_back)
+            assert chosen is not nothing, "no action can start: the groups' dependencies form a cycle"
         start, _, stream, key = chosen
         kind, group, vstage = key
         device = vstage % pp
-        finish[stream][group] = free[device] = start + duration(key)
+        finish[first[stream] + group] = free[device] = start + duration(key)
         if kind == "B":
             live[device] -= kept_bytes(key)
         elif vstage < pp:
             live[device] += reserve[group][device]
         position[stream] += 1
-        orders[device].append(tuple.__new__(Action, (kind, group, vstage // pp)))  # the named tuple, made in C
+        orders[device].append(actions[stream][group])
         stale = {device}
         for other in waiters[stream]:
             heads[other] = head(other)
