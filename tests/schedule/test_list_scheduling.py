@@ -17,9 +17,10 @@ from slimpack.sim import simulate
 
 
 def _uniform(forward, backward, pp, chunks, *, t_f=1.0, t_b=2.0, cap=math.inf):
+    groups = {"F": forward, "B": backward}
     return list_schedule(forward, backward, pp=pp, chunks=chunks,
-                         duration=lambda key: t_f if key[0] == "F" else t_b,
-                         kept_bytes=lambda key: 1.0, cap_bytes=[cap] * pp)
+                         durations=lambda kind, vstage: [t_f if kind == "F" else t_b] * len(groups[kind]),
+                         kept_bytes=lambda kind, vstage: [1.0] * len(groups[kind]), cap_bytes=[cap] * pp)
 
 
 def _whole(n):

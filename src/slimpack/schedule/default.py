@@ -89,12 +89,9 @@ def interleaved_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[
     times = {(kind, v): cost.cells_time(*sums[kind], virtual_stage=v, backward=kind == "B", cp=cp).tolist()
              for kind in groups for v in set(like)}
 
-    def duration(key: tuple[str, int, int]) -> float:
-        kind, group, vstage = key
-        return times[(kind, like[vstage])][group]
-
-    return list_schedule(forward, backward, pp=pp, chunks=chunks, duration=duration,
-                         kept_bytes=lambda key: tokens[key[0]][key[1]] * per_token[key[2]], cap_bytes=caps)
+    return list_schedule(forward, backward, pp=pp, chunks=chunks,
+                         durations=lambda kind, vstage: times[(kind, like[vstage])],
+                         kept_bytes=lambda kind, vstage: [t * per_token[vstage] for t in tokens[kind]], cap_bytes=caps)
 
 
 def _groups_sums(cost: CostModel, groups: Sequence[Sequence[SliceKey]], cp: int) -> tuple[np.ndarray, np.ndarray]:

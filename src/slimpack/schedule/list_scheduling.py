@@ -30,16 +30,18 @@ from slimpack.schedule.dag import ActionKey, dependencies
 
 
 def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *,
-                  pp: int, chunks: int, duration: Callable[[ActionKey], float],
-                  kept_bytes: Callable[[ActionKey], float], cap_bytes: Sequence[float]) -> Order:
-    """Per device, its actions in the order the simulated run started them. ``duration`` and
-    ``kept_bytes`` take an action key (kind, group, virtual stage): its seconds, and the activation
-    bytes a forward keeps (or a backward frees); ``cap_bytes`` is each device's room for them."""
+                  pp: int, chunks: int, durations: Callable[[str, int], Sequence[float]],
+                  kept_bytes: Callable[[str, int], Sequence[float]], cap_bytes: Sequence[float]) -> Order:
+    """Per device, its actions in the order the simulated run started them. ``durations`` and
+    ``kept_bytes`` take a kind of action and a virtual stage and give, per group, its seconds
+    there and the activation bytes its forward keeps (or its backward frees); ``cap_bytes`` is each
+    device's room for them."""
     num_vstages = pp * chunks
     counts = {"F": len(forward), "B": len(backward)}
     free = [0.0] * pp
     live = [0.0] * pp
-    reserve = [[sum(kept_bytes(("F", g, c * pp + d)) for c in range(chunks)) for d in range(pp)]
+    kept_forward = [kept_bytes("F", vstage) for vstage in range(num_vstages)]
+    reserve = [[sum(kept_forward[c * pp + d][g] for c in range(chunks)) for d in range(pp)]
                for g in range(len(forward))]
     """What forward group g will keep on all chunks of device d."""
     orders: list[list[Action]] = [[] for _ in range(pp)]
@@ -59,6 +61,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     made = {(kind, chunk): [tuple.__new__(Action, (kind, group, chunk)) for group in range(counts[kind])]
             for kind in counts for chunk in range(chunks)}
     actions = [made[(kind, vstage // pp)] for kind, vstage in streams]
+    seconds = [durations(kind, vstage) for kind, vstage in streams]
+    frees = [kept_bytes(kind, vstage) if kind == "B" else () for kind, vstage in streams]
+    device_of = [vstage % pp for _, vstage in streams]
     # a forward of a device's first chunk reserves what its group will keep on all the device's chunks
     reserves = [kind == "F" and vstage < pp for kind, vstage in streams]
 
@@ -93,9 +98,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
 
     waiters = [waiting_on(kind, vstage) for kind, vstage in streams]
 
-    # Each device's pick changes only when its own time or memory moves (it ran the last action)
-    # or one of its streams' heads moves (``waiters``), so picks are kept per device and only
-    # those devices' streams are looked at again.
+    # Picks are kept per device: a device's pick changes only when it runs an action (its time,
+    # memory and one of its heads move: all its streams are looked at again) or when a head of
+    # one of its streams becomes ready (``waiters``: that head alone is weighed against the pick).
     heads: list[tuple[float | None, tuple, ActionKey] | None] = [None] * len(streams)
     heads[:] = [head(stream) for stream in range(len(streams))]
     on_device: list[list[int]] = [[] for _ in range(pp)]
@@ -107,26 +112,30 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     runnable: list[tuple] = [nothing] * pp
     held_back: list[tuple] = [nothing] * pp
 
+    def rank_of(device: int, stream: int, entry: tuple[float, tuple, ActionKey]) -> tuple[tuple, bool]:
+        """The rank of a stream's ready head on its device, and whether the memory cap holds it back."""
+        ready, order, key = entry
+        rank = (ready if ready >= free[device] else free[device], order, stream, key)
+        return rank, reserves[stream] and live[device] + reserve[key[1]][device] > cap_bytes[device]
+
     def pick(device: int) -> None:
         best = blocked = nothing
         for stream in on_device[device]:
             entry = heads[stream]
             if entry is None or entry[0] is None:
                 continue
-            ready, order, key = entry
-            rank = (ready if ready >= free[device] else free[device], order, stream, key)
-            if reserves[stream] and live[device] + reserve[key[1]][device] > cap_bytes[device]:
+            rank, held = rank_of(device, stream, entry)
+            if held:
                 if rank < blocked:
                     blocked = rank
             elif rank < best:
                 best = rank
         runnable[device], held_back[device] = best, blocked
 
-    stale = set(range(pp))
+    for device in range(pp):
+        pick(device)
     remaining = sum(counts.values()) * num_vstages
     while remaining:
-        for device in stale:
-            pick(device)
         # the earliest runnable action, else the earliest blocked one
         chosen = min(runnable)
         if chosen is nothing:
@@ -134,17 +143,27 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
             assert chosen is not nothing, "no action can start: the groups' dependencies form a cycle"
         start, _, stream, key = chosen
         kind, group, vstage = key
-        device = vstage % pp
-        finish[first[stream] + group] = free[device] = start + duration(key)
+        device = device_of[stream]
+        finish[first[stream] + group] = free[device] = start + seconds[stream][group]
         if kind == "B":
-            live[device] -= kept_bytes(key)
+            live[device] -= frees[stream][group]
         elif vstage < pp:
             live[device] += reserve[group][device]
         position[stream] += 1
         orders[device].append(actions[stream][group])
-        stale = {device}
+        # on another device only a waiting head can have moved, from not ready to ready (a head
+        # whose inputs were all done keeps its readiness), so its pick becomes that head if it
+        # ranks first; the device that ran the action is picked again
         for other in waiters[stream]:
-            heads[other] = head(other)
-            stale.add(streams[other][1] % pp)
+            heads[other] = entry = head(other)
+            elsewhere = device_of[other]
+            if elsewhere != device and entry is not None and entry[0] is not None:
+                rank, held = rank_of(elsewhere, other, entry)
+                if held:
+                    if rank < held_back[elsewhere]:
+                        held_back[elsewhere] = rank
+                elif rank < runnable[elsewhere]:
+                    runnable[elsewhere] = rank
+        pick(device)
         remaining -= 1
     return tuple(tuple(actions) for actions in orders)
