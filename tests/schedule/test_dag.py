@@ -108,14 +108,16 @@ def test_the_graph_has_the_edges_of_the_dependency_rule(groupings, pp, chunks, r
         order.append(tuple(actions))
     graph = build_graph(forward, backward, tuple(order), pp=pp, chunks=chunks)
     streams = [(kind, v) for kind in "FB" for v in range(num_vstages)]
-    first, rule = dependencies(forward, backward, streams, num_vstages=num_vstages)
-    stream_group = [(s, g) for s in range(len(streams)) for g in range(first[s + 1] - first[s])]  # by action number
+    rule = dependencies(forward, backward, streams, num_vstages=num_vstages)
+    stream_group = [(s, g) for s in range(len(streams)) for g in range(rule.first[s + 1] - rule.first[s])]
     nodes = graph.nodes()
     for node, (device, (kind, group, chunk)) in enumerate(nodes):
         vstage = chunk * pp + device
         preds = graph.preds(node)
-        expected = [(streams[s][0], g, streams[s][1])
-                    for s, g in map(stream_group.__getitem__, rule[streams.index((kind, vstage))][group])]
+        stream = streams.index((kind, vstage))
+        numbers = ([rule.p2p_source[stream] + group] if rule.p2p_source[stream] >= 0 else []) + \
+            rule.data[stream].get(group, [])
+        expected = [(streams[s][0], g, streams[s][1]) for s, g in map(stream_group.__getitem__, numbers)]
         assert [(nodes[p][1].kind, nodes[p][1].group, nodes[p][1].chunk * pp + nodes[p][0]) for p, edge in preds if edge != SEQ] == expected
         assert [p for p, edge in preds if edge == SEQ] == ([] if node in graph.first else [node - 1])
         assert graph.p2p_input[node] == next((p for p, edge in preds if edge == P2P), -1)

@@ -161,16 +161,28 @@ def _slices_in_order(groups: Sequence[Sequence[SliceKey]]) -> tuple[np.ndarray, 
     return sample[order], start[order], np.repeat(np.arange(len(groups)), sizes)[order]
 
 
+@dataclass(frozen=True, slots=True)
+class StreamDependencies:
+    """Every action's predecessors other than its device's previous action, per stream (one kind of
+    action on one virtual stage) and group, with actions numbered stream after stream: group ``g``
+    of stream ``s`` is action ``first[s] + g``."""
+
+    first: list[int]
+    p2p_source: list[int]
+    """Per stream, the number of its P2P source stream's first action (group g waits for that
+    number + g), or -1 (no input from another virtual stage)."""
+    data: list[dict[int, list[int]]]
+    """Per stream, group -> the numbers of the actions it waits for by data dependency (most groups
+    wait for none)."""
+
+
 def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]],
-                 streams: Sequence[tuple[str, int]], *, num_vstages: int) -> tuple[list[int], list[list[list[int]]]]:
-    """Every action's predecessors other than its device's previous action: the P2P input, the data
-    dependencies on every virtual stage, and on the last one a backward after the forwards holding
-    its slices. The rule for any order, so the schedule builders read it from here (the graph
-    builder reads the same rule by node id). Per stream (one kind of action on one virtual stage:
-    ``streams`` lists each (kind, virtual stage) of the pipeline) and group, as action numbers:
-    actions are numbered stream after stream, group ``g`` of stream ``s`` as ``first[s] + g``,
-    and ``first`` is returned first. Built per stream, not per action: the list scheduler asks for
-    it for every pipeline it orders, tens of thousands of actions under interleaving."""
+                 streams: Sequence[tuple[str, int]], *, num_vstages: int) -> StreamDependencies:
+    """The P2P input, the data dependencies on every virtual stage, and on the last one a backward
+    after the forwards holding its slices, per stream (``streams`` lists each (kind, virtual stage)
+    of the pipeline). The rule for any order, so the schedule builders read it from here (the graph
+    builder reads the same rule by node id). Built per stream, not per action: the list scheduler
+    asks for it for every pipeline it orders, tens of thousands of actions under interleaving."""
     counts = {"F": len(forward), "B": len(backward)}
     first = list(accumulate((counts[kind] for kind, _ in streams), initial=0))
     number = {stream: i for i, stream in enumerate(streams)}
@@ -179,18 +191,15 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     for kind, pairs in (("F", deps.forward), ("B", deps.backward)):
         for before, after in pairs:
             earlier[kind].setdefault(after, []).append(before)
-    needs = []
+    p2p_source, data = [], []
     for stream, (kind, vstage) in enumerate(streams):
         source = input_source(kind, vstage, num_vstages)
-        rows: list[list[int]] = ([[] for _ in range(counts[kind])] if source is None else
-                                 [[g] for g in range(first[number[(kind, source)]], first[number[(kind, source)] + 1])])
-        for group, befores in earlier[kind].items():
-            rows[group] += [first[stream] + before for before in befores]
-        needs.append(rows)
-    last = num_vstages - 1
+        p2p_source.append(-1 if source is None else first[number[(kind, source)]])
+        data.append({group: [first[stream] + before for before in befores] for group, befores in earlier[kind].items()})
+    last_b, last_f = number.get(("B", num_vstages - 1)), number.get(("F", num_vstages - 1))
     for fg, bg in deps.last_stage:
-        needs[number[("B", last)]][bg].append(first[number[("F", last)]] + fg)
-    return first, needs
+        data[last_b].setdefault(bg, []).append(first[last_f] + fg)  # type: ignore[index,operator]
+    return StreamDependencies(first, p2p_source, data)
 
 
 def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,

@@ -52,9 +52,8 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     streams = [(kind, vstage) for kind in ("B", "F") for vstage in range(num_vstages) if counts[kind]]
     number = {stream: i for i, stream in enumerate(streams)}
     position = [0] * len(streams)
-    first, needs = dependencies(forward, backward, streams, num_vstages=num_vstages)
-    """Per stream and group: the numbers of the action's predecessors (group g of stream s is
-    action ``first[s] + g``)."""
+    needs = dependencies(forward, backward, streams, num_vstages=num_vstages)
+    first, p2p_source, data_needs = needs.first, needs.p2p_source, needs.data
     finish: list[float | None] = [None] * first[-1]
     """Per action number, when it ends (None: not placed yet)."""
     # every device of a chunk runs the same Action objects, made once (in C) per kind, chunk and group
@@ -72,14 +71,16 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         group = position[stream]
         if group == counts[kind]:
             return None
-        ready: float | None = 0.0
-        for other in needs[stream][group]:
-            done = finish[other]
-            if done is None:
-                ready = None
-                break
-            if done > ready:  # (not ``max``: this runs for every predecessor of every action)
-                ready = done
+        source = p2p_source[stream]
+        ready = 0.0 if source < 0 else finish[source + group]
+        if ready is not None:
+            for other in data_needs[stream].get(group, ()):
+                done = finish[other]
+                if done is None:
+                    ready = None
+                    break
+                if done > ready:  # (not ``max``: this runs for every predecessor of every action)
+                    ready = done
         previous = heads[stream]
         if previous is not None and previous[2][1] == group:  # only its readiness moved
             return ready, previous[1], previous[2]
