@@ -196,9 +196,10 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
         source = input_source(kind, vstage, num_vstages)
         p2p_source.append(-1 if source is None else first[number[(kind, source)]])
         data.append({group: [first[stream] + before for before in befores] for group, befores in earlier[kind].items()})
-    last_b, last_f = number.get(("B", num_vstages - 1)), number.get(("F", num_vstages - 1))
-    for fg, bg in deps.last_stage:
-        data[last_b].setdefault(bg, []).append(first[last_f] + fg)  # type: ignore[index,operator]
+    if deps.last_stage:  # the pipeline holds slices, so both kinds have streams
+        last_b, last_f = number[("B", num_vstages - 1)], number[("F", num_vstages - 1)]
+        for fg, bg in deps.last_stage:
+            data[last_b].setdefault(bg, []).append(first[last_f] + fg)
     return StreamDependencies(first, p2p_source, data)
 
 
