@@ -30,16 +30,14 @@ SEQ, P2P, DEP = 0, 1, 2
 @dataclass(slots=True)
 class ActionGraph:
     """Node ids run device by device, each device's actions in its order. Per node, as arrays: its
-    device, chunk, virtual stage, group and whether it is a forward (read in C from the order: the
+    device, virtual stage, group and whether it is a forward (read in C from the order: the
     simulator builds the graph of every candidate pipeline the planner scores)."""
 
     pp: int
-    chunks: int
     order: Order
     first: list[int]
     """Device d's nodes are ``first[d]`` .. ``first[d + 1] - 1``."""
     device: np.ndarray
-    chunk: np.ndarray
     vstage: np.ndarray
     group: np.ndarray
     forward: np.ndarray
@@ -243,7 +241,7 @@ def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
         fg, bg = np.array(deps.last_stage).T
         after.append(node_of["B"][-1][bg])
         before.append(node_of["F"][-1][fg])
-    return ActionGraph(pp=pp, chunks=chunks, order=order, first=first, device=device, chunk=chunk, vstage=vstage,
+    return ActionGraph(pp=pp, order=order, first=first, device=device, vstage=vstage,
                        group=group, forward=is_forward, p2p_input=p2p_input.tolist(),
                        dep_edges=(np.concatenate(after), np.concatenate(before)))
 
