@@ -102,8 +102,8 @@ def symmetric_backward(forward: Sequence[Group]) -> tuple[Group, ...]:
 def formations(forward: Sequence[Group]) -> tuple[str, ...]:
     """slim: pieces of one sample that spans several groups; pack: only samples entirely inside
     the group; mix: anything else (a sliced sample's piece plus other samples)."""
-    ids = [{s.sample_id for s in group} for group in forward]
-    groups_of = Counter(sid for group_ids in ids for sid in group_ids)  # groups holding each sample
+    ids = [set(map(itemgetter(0), group)) for group in forward]  # (in C: every pipeline of every step)
+    groups_of = Counter(chain.from_iterable(ids))  # groups holding each sample
     out = []
     for group_ids in ids:
         if all(groups_of[sid] == 1 for sid in group_ids):
