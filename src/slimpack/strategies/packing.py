@@ -25,7 +25,8 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> Bins:
     assert all(0 < n <= capacity for n in lengths), "every item must fit an empty bin"
     bins: Bins = []
     rooms: list[tuple[int, int]] = []  # (room left, bin), sorted: the first with room >= n is the best fit
-    for item in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    # longest first, ties by index (a stable sort on the negated lengths, in numpy)
+    for item in np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist():
         n = lengths[item]
         pos = bisect_left(rooms, (n, -1))
         if pos == len(rooms):

@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import accumulate
+from operator import itemgetter, sub
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.errors import UserError
 from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice
+from slimpack.schedule.actions import slice_columns
 from slimpack.schedule.builders import slice_1f1b
 from slimpack.sim import step_and_peak
 from slimpack.strategies.fixed import pack_fixed_length
@@ -42,8 +44,8 @@ SliceCost = Callable[[np.ndarray, np.ndarray], np.ndarray]
 def cumulative_cost(sequence: Sequence[Slice], positions: np.ndarray, cost: SliceCost) -> np.ndarray:
     """Cost of the first ``positions[i]`` tokens of a packed sequence: the whole documents before the
     position plus the piece of the one it falls in (that piece starts at the document's offset)."""
-    lengths = np.array([s.tokens for s in sequence], dtype=np.float64)
-    starts = np.array([s.start for s in sequence], dtype=np.float64)
+    _, starts, stops = slice_columns(sequence, len(sequence), np.float64)
+    lengths = stops - starts
     ends = np.cumsum(lengths)
     whole = np.concatenate([[0.0], np.cumsum(cost(lengths, starts))])
     inside = np.searchsorted(ends, positions, side="right")  # the document each position falls in
@@ -58,7 +60,9 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
     """Cut a packed sequence of whole documents into ``n`` chunks, boundaries on multiples of
     ``align``: of about equal ``cost`` (equal tokens without one); each chunk is the group of document
     pieces inside it (fewer than ``n`` chunks when the sequence is too short to cut that finely)."""
-    total = sum(s.tokens for s in sequence)
+    tokens = list(map(sub, map(itemgetter(2), sequence), map(itemgetter(1), sequence)))  # in C: every
+    # candidate slice count cuts every sequence of the batch
+    total = sum(tokens)
     if cost is None or n == 1:
         cuts = sorted({0, total, *(min(total, round(j * total / n / align) * align) for j in range(1, n))})
     else:
@@ -68,14 +72,14 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
         picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
         nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
         cuts = sorted({0, total, *(int(positions[p - 1 if back else p]) for p, back in zip(picks, nearer, strict=True))})
-    offsets = [0, *accumulate(s.tokens for s in sequence)]  # where each document starts in the sequence
+    offsets = [0, *accumulate(tokens)]  # where each document starts in the sequence
     groups: list[Group] = []
     for a, b in zip(cuts, cuts[1:], strict=False):
         pieces = []
         k = bisect_right(offsets, a) - 1  # the document chunk [a, b) starts in
         while k < len(sequence) and offsets[k] < b:
             s, offset = sequence[k], offsets[k]
-            lo, hi = max(a, offset), min(b, offset + s.tokens)
+            lo, hi = max(a, offset), min(b, offset + tokens[k])
             if lo < hi:
                 pieces.append(Slice(s.sample_id, s.start + lo - offset, s.start + hi - offset))
             k += 1
