@@ -105,8 +105,8 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     heads: list[tuple[float | None, tuple, ActionKey] | None] = [None] * len(streams)
     heads[:] = [head(stream) for stream in range(len(streams))]
     on_device: list[list[int]] = [[] for _ in range(pp)]
-    for stream, (_, vstage) in enumerate(streams):
-        on_device[vstage % pp].append(stream)
+    for stream, device in enumerate(device_of):
+        on_device[device].append(stream)
     # per device, its runnable action and its action blocked by the memory cap that start first,
     # each as (start, tie order, stream, key), or ``nothing``, which ranks after every action
     nothing = (math.inf,)

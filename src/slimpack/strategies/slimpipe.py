@@ -22,7 +22,6 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import accumulate
-from operator import itemgetter, sub
 
 import numpy as np
 
@@ -41,17 +40,16 @@ SliceCost = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """Cost of slices given their tokens and prefixes (numpy arrays in, an array out)."""
 
 
-def cumulative_cost(sequence: Sequence[Slice], positions: np.ndarray, cost: SliceCost) -> np.ndarray:
-    """Cost of the first ``positions[i]`` tokens of a packed sequence: the whole documents before the
-    position plus the piece of the one it falls in (that piece starts at the document's offset)."""
-    _, starts, stops = slice_columns(sequence, len(sequence), np.float64)
-    lengths = stops - starts
+def cumulative_cost(lengths: np.ndarray, starts: np.ndarray, positions: np.ndarray, cost: SliceCost) -> np.ndarray:
+    """Cost of the first ``positions[i]`` tokens of a packed sequence of documents (each piece's
+    ``lengths`` and ``starts``, float): the whole documents before the position plus the piece of
+    the one it falls in (that piece starts at the document's offset)."""
     ends = np.cumsum(lengths)
     whole = np.concatenate([[0.0], np.cumsum(cost(lengths, starts))])
     inside = np.searchsorted(ends, positions, side="right")  # the document each position falls in
-    inside_clipped = np.minimum(inside, len(sequence) - 1)
+    inside_clipped = np.minimum(inside, len(lengths) - 1)
     offset = positions - (ends[inside_clipped] - lengths[inside_clipped])
-    partial = np.where((inside < len(sequence)) & (offset > 0),
+    partial = np.where((inside < len(lengths)) & (offset > 0),
                        cost(np.maximum(offset, 1.0), starts[inside_clipped]), 0.0)
     return whole[inside] + partial
 
@@ -60,14 +58,15 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
     """Cut a packed sequence of whole documents into ``n`` chunks, boundaries on multiples of
     ``align``: of about equal ``cost`` (equal tokens without one); each chunk is the group of document
     pieces inside it (fewer than ``n`` chunks when the sequence is too short to cut that finely)."""
-    tokens = list(map(sub, map(itemgetter(2), sequence), map(itemgetter(1), sequence)))  # in C: every
-    # candidate slice count cuts every sequence of the batch
+    # the pieces read in C once: every candidate slice count cuts every sequence of the batch
+    _, starts, stops = slice_columns(sequence, len(sequence))
+    tokens = (stops - starts).tolist()
     total = sum(tokens)
     if cost is None or n == 1:
         cuts = sorted({0, total, *(min(total, round(j * total / n / align) * align) for j in range(1, n))})
     else:
         positions = np.arange(0, total + align, align, dtype=np.float64).clip(max=total)
-        reached = cumulative_cost(sequence, positions, cost)
+        reached = cumulative_cost(np.array(tokens, dtype=np.float64), starts.astype(np.float64), positions, cost)
         targets = reached[-1] * np.arange(1, n) / n
         picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
         nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
