@@ -1,6 +1,8 @@
 """``slimpack plan``: writes a valid plan for any strategy, honours the ablation switches, and
 replays earlier steps for strategies that carry state."""
 
+import json
+
 import pytest
 
 from slimpack.plan import load_plan
@@ -21,11 +23,22 @@ def test_every_strategy_writes_a_valid_plan(cli, tmp_path, strategy):
 
 def test_ablation_switches_reach_the_planner(cli, tmp_path):
     out = tmp_path / "p.json"
-    assert cli(["plan", *SMALL, "--no-slicing", "--no-asymmetric", "--no-milp", "-o", str(out)]) == 0
+    assert cli(["plan", *SMALL, "--no-slicing", "--no-asymmetric", "--milp", "-o", str(out)]) == 0
     plan = load_plan(out)
-    assert not plan.config.planner.use_slicing and not plan.config.planner.use_milp
+    assert not plan.config.planner.use_slicing and not plan.config.planner.use_asymmetric
+    assert plan.config.planner.use_milp and plan.info["milp"] is not None  # the MILP ran (off by default)
     assert all(len([s for g in p.forward for s in g if s.sample_id == sid]) == 1
                for p in plan.pipelines for sid in {s.sample_id for g in p.forward for s in g})
+
+
+def test_a_switch_flag_overrides_the_config_file_and_leaves_it_alone_otherwise(cli, tmp_path):
+    first, second, config = tmp_path / "on.json", tmp_path / "off.json", tmp_path / "config.json"
+    assert cli(["plan", *SMALL, "--milp", "-o", str(first)]) == 0
+    config.write_text(json.dumps(json.loads(first.read_text())["config"]))
+    assert cli(["plan", "--config", str(config), "--dataset", "pydocs", "-o", str(second)]) == 0
+    assert load_plan(second).config.planner.use_milp  # the file's setting stands
+    assert cli(["plan", "--config", str(config), "--dataset", "pydocs", "--no-milp", "-o", str(second)]) == 0
+    assert not load_plan(second).config.planner.use_milp and load_plan(second).info["milp"] is None
 
 
 def test_wlb_replays_earlier_steps_for_its_queues(cli, tmp_path):

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, Config
+from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, Config, PlannerConfig
 from slimpack.config.efficiency import EFFICIENCY_PRESETS
 from slimpack.config.hf import is_hf_config
 from slimpack.config.overrides import configure
@@ -117,18 +117,20 @@ PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
                     ("dp-merge", "use_dp_merge", "merge replicas into a CP group for outliers"),
                     ("wide-merge", "use_wide_merge", "plan the whole batch on merged replicas where memory is tight"),
                     ("milp", "use_milp", "refine the heuristic with the HiGHS MILP"),
-                    ("cost-balance", "use_cost_balance", "balance replicas on cost (use tokens)"),
+                    ("cost-balance", "use_cost_balance", "balance replicas on cost (off: on tokens)"),
                     ("lookahead", "use_lookahead", "try running forwards ahead of 1F1B"))
 
 
 def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
-    """SlimPack's ablation switches (--no-slicing, ...) and its MILP time limit."""
-    group = parser.add_argument_group("SlimPack planner (ablations)")
+    """SlimPack's switches (--no-slicing, --milp, ...) and its MILP time limit."""
+    group = parser.add_argument_group("SlimPack planner switches (for ablations)")
+    defaults = PlannerConfig()
     for flag, field, text in PLANNER_SWITCHES:
-        group.add_argument(f"--no-{flag}", dest=field, action="store_false", default=None,
-                           help=f"do not {text}")
+        # None unless given: a --config file's setting stands unless a flag overrides it
+        group.add_argument(f"--{flag}", dest=field, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{text} (default: {'on' if getattr(defaults, field) else 'off'})")
     group.add_argument("--milp-time-limit", type=positive_float, metavar="SECONDS", dest="milp_time_limit_s",
-                       help="wall-clock limit of the MILP refinement per plan")
+                       help="wall-clock limit of the MILP refinement per plan (with --milp)")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
