@@ -126,6 +126,7 @@ def test_dataset_inputs(cli, capsys, tmp_path, text_files, argv, message):
     (["train", "--trace-dir", "/sys/slimpack-traces"], "--trace-dir /sys/slimpack-traces: cannot write there"),
     (["train", "--log-json", "/proc/x/log.json"], "--log-json /proc/x/log.json: cannot write there"),
     (["train", "--pp", "2"], "needs 2 processes"),
+    (["train", "--milp"], "--milp: slimpack train plans every step on every rank"),
     (["fidelity", "--dataset", "OBJ", "--column", "n"], "a .npy file has no columns (got column='n')"),
     (["train", "--precision", "bf16", "--dtype", "float64"], "keeps float32 master weights: use --dtype float32"),
     (["train", "--config", "NOSP"], "tp=2 with sequence_parallel false"),

@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from slimpack.runtime.trainer import Trainer, TrainOptions
 
     check_strategies([args.strategy])
+    if args.use_milp:  # the loader turns it off; asked for by name, say so rather than ignore it
+        raise UserError("--milp: slimpack train plans every step on every rank and needs identical plans, "
+                        "which the MILP refinement (stopped at a wall-clock limit) cannot promise")
     options = TrainOptions(strategy=args.strategy, steps=args.steps, lr=args.lr, dtype=args.dtype,
                            attention=args.attention, shuffle=args.shuffle, max_files=args.max_files,
                            plan_ahead=args.plan_ahead, trace_dir=args.trace_dir, log_json=args.log_json,
