@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(NamedTuple):
     """One interval on a device: a forward/backward action, or the end-of-step gradient sync and
-    optimizer step (``kind`` ``F``/``B``/``sync``/``optim``); ``group`` is -1 for the latter."""
+    optimizer step (``kind`` ``F``/``B``/``sync``/``optim``); ``group`` is -1 for the latter. A
+    named tuple, so that the simulator makes a step's spans (one per action) in C."""
 
     pipeline: int
     stage: int

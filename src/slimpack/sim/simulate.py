@@ -24,7 +24,8 @@ Must not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import chain
+from functools import partial
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -167,9 +168,11 @@ class _PipelineRun:
         return start, end
 
     def spans(self) -> list[Span]:
-        return [Span(self.index, device, action.kind, action.group, action.chunk, s, e, tokens)
-                for (device, action), s, e, tokens in zip(self.graph.nodes(), self.start, self.end, self.tokens.tolist(),
-                                                          strict=True)]
+        graph = self.graph
+        kinds = np.where(graph.forward, "F", "B").tolist()
+        rows = zip(repeat(self.index), graph.device.tolist(), kinds, graph.group.tolist(),
+                   (graph.vstage // self.pp).tolist(), self.start, self.end, self.tokens.tolist(), strict=False)
+        return list(map(partial(tuple.__new__, Span), rows))
 
     def memory(self, cost: CostModel) -> list[DeviceMemory]:
         """Live bytes per device: per-group kept activations plus the running action's working set.
