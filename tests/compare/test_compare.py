@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import statistics
 
@@ -203,6 +204,17 @@ def test_a_run_told_to_stop_at_its_first_failure_plans_nothing_after_it(monkeypa
     assert [s.step for s in whole.steps] == [0, 1, 2, 3]
     assert [s.step for s in stopped.steps] == [0, 1]
     assert stopped.metrics().failed_steps == whole.metrics().failed_steps == (1,)
+
+
+def test_a_run_may_leave_the_idle_split_out_and_nothing_else():
+    window = Window(warmup_steps=0, steps=2)
+    full = run_strategy("kk", _config(), load_dataset("pydocs"), window)
+    lean = run_strategy("kk", _config(), load_dataset("pydocs"), window, idle=False)
+    assert all(s.idle is not None for s in full.steps) and all(s.idle is None for s in lean.steps)
+    assert full.metrics().idle is not None and lean.metrics().idle is None
+    measured = {f.name for f in dataclasses.fields(StrategyRow) if f.name.startswith("planner_")}  # wall clock
+    same = {f.name for f in dataclasses.fields(StrategyRow)} - measured - {"idle"}
+    assert {k: getattr(lean.metrics(), k) for k in same} == {k: getattr(full.metrics(), k) for k in same}
 
 
 def test_a_drain_that_does_not_fit_counts_as_out_of_memory():

@@ -217,6 +217,21 @@ def test_a_restored_batch_start_needs_no_walk_and_gives_the_same_batches():
         restored.set_start(10, (0, 10**9))
 
 
+def test_samplers_over_the_same_data_share_a_batch_but_not_one_from_elsewhere_in_the_stream():
+    lengths = np.arange(1, 400) * 37 % 5000 + 1
+    data = Dataset(name="shared", lengths=lengths, source="test")
+    config = SamplerConfig(global_batch_tokens=8192, max_context=4096)
+    first, second = GlobalBatchSampler(data, config), GlobalBatchSampler(data, config)
+    assert second.batch_at(3) is first.batch_at(3)  # made once: tune makes a sampler per trial
+    moved = GlobalBatchSampler(data, config)
+    moved.set_start(3, (0, first.start(3)[1] + 1))  # step 3 restored one sample later in the stream
+    assert moved.batch_at(3) != first.batch_at(3)
+    assert (moved.batch_at(3).samples[0].doc_index, moved.batch_at(3).samples[0].length) == \
+        (first.batch_at(3).samples[1].doc_index, first.batch_at(3).samples[1].length)
+    copy = GlobalBatchSampler(Dataset(name="copy", lengths=lengths.copy(), source="test"), config).batch_at(3)
+    assert copy == first.batch_at(3) and copy is not first.batch_at(3)  # other data: made anew, equal here
+
+
 def test_context_cut_counts_what_the_sampler_does():
     # 70000 -> 2 chunks of 64K (+1 sample), 200000 -> 4 chunks (+3); dropping instead skips both documents
     lengths = np.array([10, 70000, 40000, 200000])

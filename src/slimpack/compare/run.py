@@ -200,9 +200,9 @@ PlanScreen = Callable[[Plan], str | None]
 
 
 def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Phase,
-            screen: PlanScreen | None = None) -> tuple[StepRecord, Plan | None]:
+            screen: PlanScreen | None = None, *, idle: bool = True) -> tuple[StepRecord, Plan | None]:
     """Plan (``make_step``) and simulate the stream's next step; a failure (or a plan ``screen``
-    rejects, then not simulated) is recorded, not raised."""
+    rejects, then not simulated) is recorded, not raised. ``idle``: split the step's idle time."""
     step = stream.step
 
     def failed(error: str) -> tuple[StepRecord, None]:
@@ -221,17 +221,18 @@ def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Pha
     replicas = {p: len(pipe.replicas) for p, pipe in enumerate(planned.plan.pipelines)}
     return StepRecord(step=step, phase=phase, error=None, planner_time_s=planned.planner_time_s, result=result,
                       scheduled_tokens=planned.trained_tokens, delayed_token_steps=planned.delayed_token_steps,
-                      held_tokens=stream.held_tokens, idle=idle_split(result, replicas)), planned.plan
+                      held_tokens=stream.held_tokens, idle=idle_split(result, replicas) if idle else None), planned.plan
 
 
 def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Window, *, shuffle: bool = False,
                  on_step: Callable[[], None] = lambda: None, screen: PlanScreen | None = None,
-                 stop_at_first_failure: bool = False) -> StrategyRun:
+                 stop_at_first_failure: bool = False, idle: bool = True) -> StrategyRun:
     """``name`` over ``window`` (warm-up only when the strategy is stateful), then its drain.
     ``screen`` fails, unsimulated, the steps whose plans it rejects (``tune`` rejects plans out of
     memory that way: the simulator would find them so at many times the cost).
     ``stop_at_first_failure``: end the run at its first step that failed or ran out of memory
-    (``tune`` disqualifies such a run whatever its other steps do)."""
+    (``tune`` disqualifies such a run whatever its other steps do). ``idle``: split each step's
+    idle time (``sim.idle``; ``tune`` reads none of it)."""
     try:
         stream = PlanStream(dataset, config, name, shuffle=shuffle, start=0)
     except UserError as exc:  # this strategy cannot run this setting: every step fails, others go on
@@ -255,7 +256,7 @@ def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Wind
 
     while stream.step < window.end_step:
         phase: Phase = "warmup" if stream.step < window.first_step else "window"
-        record, plan = _record(stream, lambda: next(stream), phase, screen)
+        record, plan = _record(stream, lambda: next(stream), phase, screen, idle=idle)
         records.append(record)
         plans.append(plan)
         on_step()
@@ -265,7 +266,7 @@ def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Wind
         for _ in range(MAX_DRAIN_STEPS):
             if not stream.held_tokens:
                 break
-            record, plan = _record(stream, stream.drain, "drain", screen)
+            record, plan = _record(stream, stream.drain, "drain", screen, idle=idle)
             records.append(record)
             plans.append(plan)
             if stop():

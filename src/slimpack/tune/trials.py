@@ -15,6 +15,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
+from slimpack.collector import collector_paused
 from slimpack.compare.run import Window, run_strategy
 from slimpack.config import Config
 from slimpack.cost import CostModel
@@ -89,8 +90,12 @@ def run_trial(task: Task, dataset: Dataset) -> Trial:
         # SlimPack's whole batch on k merged replicas is the plan of the layout with k times the cp
         # and 1/k the replicas, which the search screens as a layout of its own
         config = dataclasses.replace(config, planner=dataclasses.replace(config.planner, use_wide_merge=False))
-    row = run_strategy(task.strategy, config, dataset, task.window, screen=screen,
-                       stop_at_first_failure=True).metrics()
+    # the collector stays off for the whole trial, not only inside each step's planning and
+    # simulation (``collector_paused``): a trial keeps none of its plans, so reference counting
+    # frees them as it ends, before the collector would walk them
+    with collector_paused():
+        row = run_strategy(task.strategy, config, dataset, task.window, screen=screen,
+                           stop_at_first_failure=True, idle=False).metrics()
     common = {"layout": task.layout, "phase": task.phase, "floor_s": task.floor_s,
               "wall_s": time.perf_counter() - began}
     if PLAN_OOM in row.errors:
