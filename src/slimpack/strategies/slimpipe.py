@@ -60,13 +60,14 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
     pieces inside it (fewer than ``n`` chunks when the sequence is too short to cut that finely)."""
     # the pieces read in C once: every candidate slice count cuts every sequence of the batch
     _, starts, stops = slice_columns(sequence, len(sequence))
-    tokens = (stops - starts).tolist()
+    lengths = stops - starts
+    tokens = lengths.tolist()
     total = sum(tokens)
     if cost is None or n == 1:
         cuts = sorted({0, total, *(min(total, round(j * total / n / align) * align) for j in range(1, n))})
     else:
         positions = np.arange(0, total + align, align, dtype=np.float64).clip(max=total)
-        reached = cumulative_cost(np.array(tokens, dtype=np.float64), starts.astype(np.float64), positions, cost)
+        reached = cumulative_cost(lengths.astype(np.float64), starts.astype(np.float64), positions, cost)
         targets = reached[-1] * np.arange(1, n) / n
         picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
         nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
