@@ -196,6 +196,19 @@ def test_config_validation_and_from_train():
         sampler.batch_at(-1)
 
 
+def test_an_epoch_of_more_samples_than_the_sampler_holds_is_refused():
+    from slimpack.data.sampler import MAX_EPOCH_SAMPLES
+
+    # two documents of 2**25 + 1 tokens: 2**26 + 2 one-token samples at context 1 (one over the
+    # limit each), refused before any array of that size is made; one token less each fits exactly
+    lengths = np.full(2, 2**25 + 1)
+    with pytest.raises(UserError, match=r"makes 67,108,866 samples per epoch at max_context 1 .*"
+                                        r"more than the 67,108,864 the sampler holds: raise max_context"):
+        GlobalBatchSampler(lengths, SamplerConfig(global_batch_tokens=8, max_context=1))
+    assert GlobalBatchSampler(lengths - 1, SamplerConfig(global_batch_tokens=8, max_context=1)
+                              ).samples_per_epoch == MAX_EPOCH_SAMPLES
+
+
 def test_step_accepts_numpy_integers_only():
     sampler = GlobalBatchSampler(np.array([5, 6]), SamplerConfig(global_batch_tokens=8, max_context=8))
     assert sampler.batch_at(np.int64(1)) == sampler.batch_at(1)

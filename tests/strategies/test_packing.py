@@ -1,7 +1,8 @@
+import heapq
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slimpack.strategies import karmarkar_karp as partition
 from slimpack.strategies.karmarkar_karp import karmarkar_karp
 from slimpack.strategies.packing import (
     best_fit_decreasing,
@@ -116,10 +117,44 @@ def test_karmarkar_karp_is_a_partition(weights, k, equal_count):
     parts = karmarkar_karp(weights, k, equal_count=equal_count)
     assert len(parts) == k
     assert sorted(i for p in parts for i in p) == list(range(len(weights)))
-    assert partition.EMPTY == []  # the empty subset the items' partial solutions share stays empty
     if equal_count:
         sizes = [len(p) for p in parts]
         assert max(sizes) - min(sizes) <= 1
+
+
+def spelled_out_karmarkar_karp(weights, k, equal_count):
+    """The method as written in the literature: every partial solution holds all k subsets (with
+    their sums, heaviest first by a stable sort, so ties keep the earlier subset first), and merging
+    pairs subset j of the first with subset k-1-j of the second."""
+    order = sorted(range(len(weights)), key=lambda i: (weights[i], i) if equal_count else (-weights[i], i))
+    if equal_count:
+        padded = [None] * (-len(order) % k) + order
+        deals = [padded[s:s + k] for s in range(0, len(padded), k)]
+    else:
+        deals = [[i] + [None] * (k - 1) for i in order]
+    partials = [[(0.0, []) if i is None else (float(weights[i]), [i]) for i in deal] for deal in deals]
+    if not partials:
+        return [[] for _ in range(k)]
+    heap = []
+    for made, subsets in enumerate(partials):
+        subsets.sort(key=lambda s: s[0], reverse=True)
+        heap.append((subsets[-1][0] - subsets[0][0], made, subsets))
+    heapq.heapify(heap)
+    made = len(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
+        merged = [(a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)]
+        merged.sort(key=lambda s: s[0], reverse=True)
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], made, merged))
+        made += 1
+    return [sorted(members) for _, members in heap[0][2]]
+
+
+@given(st.lists(st.one_of(st.integers(1, 6), st.floats(1e-3, 1e3)), max_size=50), st.integers(1, 60), st.booleans())
+def test_karmarkar_karp_matches_the_spelled_out_method(weights, k, equal_count):
+    # k up to more than the items: micro-batching asks for about as many subsets as items; small
+    # integer weights make ties, which must go the same way
+    assert karmarkar_karp(weights, k, equal_count=equal_count) == spelled_out_karmarkar_karp(weights, k, equal_count)
 
 
 @given(st.lists(st.integers(1, 100), max_size=60))

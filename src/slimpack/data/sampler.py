@@ -133,6 +133,13 @@ building an epoch of 1M documents took ~0.13 s, a third of a baseline's one-step
 holds its lengths array, so the ``id`` in its key cannot be reused while it is cached."""
 
 
+MAX_EPOCH_SAMPLES = 2**26
+"""Most samples an epoch may hold: an epoch is built as arrays of ~56 bytes per sample at its peak
+(wikipedia cut at 16 tokens: 63.8M samples, 3.4 GiB), so this bounds it near 3.5 GiB. A context of a
+few tokens (a missing K or M) would otherwise cut wikipedia's 1.0G tokens into as many samples and
+run out of memory."""
+
+
 _BATCH_CACHE = 4
 """Batches kept for every sampler of the process, by (the dataset's lengths, settings, step and the
 stream positions it spans): a ``tune`` search makes a sampler per strategy and layout and screens
@@ -161,6 +168,13 @@ class GlobalBatchSampler:
         """Tokens the stream yields per epoch."""
         self.samples_per_epoch = len(dataset) - self.num_dropped_docs + self.cut.num_extra_samples
         """Samples the stream yields per epoch (documents, or their chunks)."""
+        if self.samples_per_epoch > MAX_EPOCH_SAMPLES:
+            raise UserError(
+                f"dataset {dataset.name!r} makes {self.samples_per_epoch:,} samples per epoch at max_context "
+                f"{config.max_context:,} ({dataset.stats.total_tokens:,} tokens in {len(dataset):,} documents), "
+                f"more than the {MAX_EPOCH_SAMPLES:,} the sampler holds: "
+                + ("raise max_context (e.g. 32K)" if self.cut.num_extra_samples > len(dataset)
+                   else "use fewer documents"))
         if self.tokens_per_epoch == 0:
             raise UserError(f"dataset {dataset.name!r}: every document is longer than max_context "
                             f"({config.max_context}) and drop_long is set: nothing to sample")
