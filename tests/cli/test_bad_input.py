@@ -62,6 +62,7 @@ def _bad_input(cli, capsys, tmp_path, argv, message):
     (["plan", "--milp-time-limit", "nan"], "expected a finite number > 0"),
     # a context of a few tokens (a K or M left out) would cut wikipedia into ~10^9 samples
     (["plan", "--max-context", "4", "--global-batch-tokens", "64K"], "samples per epoch at max_context 4"),
+    (["plan", "--max-context", "4K", "--micro-batch-tokens", "1K"], "micro_batch_tokens must be at least max_context"),
 ])
 def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     _bad_input(cli, capsys, tmp_path, [files.get(a, a) for a in argv], message)

@@ -41,6 +41,16 @@ def test_a_switch_flag_overrides_the_config_file_and_leaves_it_alone_otherwise(c
     assert not load_plan(second).config.planner.use_milp and load_plan(second).info["milp"] is None
 
 
+def test_a_micro_batch_token_cap_reaches_the_baselines(cli, tmp_path):
+    out = tmp_path / "p.json"
+    assert cli(["plan", *SMALL, "--strategy", "bfd", "--micro-batch-tokens", "128K", "-o", str(out)]) == 0
+    plan = load_plan(out)
+    check_plan(plan)
+    assert plan.config.train.micro_batch_tokens == 128 * 1024
+    groups = [sum(s.tokens for s in g) for p in plan.pipelines for g in p.forward]
+    assert max(groups) > 32 * 1024 and max(groups) <= 128 * 1024  # fuller than one context, within the cap
+
+
 def test_wlb_replays_earlier_steps_for_its_queues(cli, tmp_path):
     # 64K context, 1M-token batches of wlbllm: WLB defers outliers at step 0 and brings them back
     args = ["--dataset", "wlbllm", "--max-context", "64K", "--global-batch-tokens", "1M", "--tp", "8",

@@ -67,6 +67,10 @@ def test_field_validation_and_unknown_keys():
         ParallelConfig(tp=0)
     with pytest.raises(UserError, match="recompute must be"):
         TrainConfig(recompute="sometimes")
+    with pytest.raises(UserError, match=r"micro_batch_tokens must be at least max_context \(4096\).*got 1024"):
+        TrainConfig(max_context=4096, micro_batch_tokens=1024)
+    assert TrainConfig(max_context=4096).micro_batch_cap == 4096  # by default a context-length sequence
+    assert TrainConfig(max_context=4096, micro_batch_tokens=16384).micro_batch_cap == 16384
     with pytest.raises(UserError, match=r"unknown key\(s\) \['tpp'\]"):
         Config.from_dict({"model": "tiny", "cluster": "h100-sxm", "parallel": {"tpp": 2}})
     with pytest.raises(UserError, match="expected int"):

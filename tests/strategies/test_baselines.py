@@ -208,3 +208,35 @@ def test_slimpipe_refuses_interleaving():
     config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, virtual_stages=2))
     with pytest.raises(ValueError, match="virtual_stages"):
         SlimPipePlanner(config)
+
+
+def test_a_micro_batch_token_cap_above_the_context_packs_fuller_micro_batches():
+    # bfd at capacity 20, longest first 7(1) 6(5) 5(0) 4(4) 3(2) 2(3) 1(6): 7, 6 and 5 fill bin A to
+    # 18; 4 opens B; 3 goes to B (A has 2 left); 2 fills A to 20; 1 joins B
+    plan = BFDPlanner(cfg(10, dp=1, micro_batch_tokens=20)).plan(batch([5, 7, 3, 2, 4, 6, 1]), step=0)
+    check_plan(plan)
+    assert group_ids(plan) == [[[1, 5, 0, 3], [4, 2, 6]]]
+    assert plan.info["fill"] == 28 / 40
+    # documents are still cut at the context, not at the cap: 25 -> 10 + 10 + 5
+    plan = BFDPlanner(cfg(10, dp=1, micro_batch_tokens=20)).plan(batch([25, 3]), step=0)
+    assert sorted(s.length for s in plan.samples) == [3, 5, 10, 10]
+    assert [sum(s.tokens for s in g) for g in plan.pipelines[0].forward] == [20, 8]
+    # kk: 18 tokens under a cap of 20 take one micro-batch (three at the context's cap of 10)
+    plan = KKPlanner(cfg(10, dp=1, micro_batch_tokens=20)).plan(batch([6, 6, 6]), step=0)
+    check_plan(plan)
+    assert group_ids(plan) == [[[0, 1, 2]]]
+    # fixed: 28 tokens make sequences of 10, 10 and 8; two consecutive sequences per micro-batch
+    # (Megatron's micro-batch size: 25 // 10), dealt round-robin over the two replicas
+    plan = FixedPlanner(cfg(10, dp=2, micro_batch_tokens=25)).plan(batch([5, 7, 3, 2, 4, 6, 1]), step=0)
+    check_plan(plan)
+    assert [[sum(s.tokens for s in g) for g in p.forward] for p in plan.pipelines] == [[20], [8]]
+    # bytescale: every micro-batch within the cap, fewer of them than at the context's cap
+    config = cfg(32768, micro_batch_tokens=4 * 32768)
+    docs = synthetic_batch(5, 32 * 32768, 32768)
+    capped = ByteScalePlanner(config).plan(docs, step=0)
+    check_plan(capped)
+    assert all(sum(s.tokens for s in g) <= 4 * 32768 for p in capped.pipelines for g in p.forward)
+    assert (sum(capped.info["micro_batches_per_replica"])
+            < sum(ByteScalePlanner(cfg(32768)).plan(docs, step=0).info["micro_batches_per_replica"]))
+    # wlb counts its micro-batches by the cap
+    assert WLBPlanner(config).tokens_per_micro_batch == 4 * 32768

@@ -86,6 +86,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, tr
                            help=f"longest sample in tokens, e.g. 64K (default {train.max_context})")
         group.add_argument("--global-batch-tokens", type=positive_int, metavar="N",
                            help=f"tokens per global batch, e.g. 4M (default {train.global_batch_tokens})")
+        group.add_argument("--micro-batch-tokens", type=positive_int, metavar="N",
+                           help="most tokens a baseline packs into one micro-batch, e.g. 16K (default: the max "
+                                "context; SlimPack and SlimPipe ignore it)")
         group.add_argument("--recompute", choices=("none", "selective", "full"),
                            help=f"activation recomputation (default {train.recompute})")
         group.add_argument("--seed", type=int, help=f"seed for batch sampling (default {train.seed})")
@@ -135,7 +138,7 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Start from --config (or the command's default) and apply the flags that were given."""
-    training = {name: getattr(args, name, None) for name in ("max_context", "global_batch_tokens", "recompute", "seed")}
+    training = {name: getattr(args, name, None) for name in ("max_context", "global_batch_tokens", "micro_batch_tokens", "recompute", "seed")}
     planner = {field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES}
     planner["milp_time_limit_s"] = getattr(args, "milp_time_limit_s", None)
     return configure(args.config or args.config_default, model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp,

@@ -22,6 +22,8 @@ class ConfigBase:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, field.name)
+            if value is None:  # unset (its default); TOML has no null, and reading restores it
+                continue
             if isinstance(value, ConfigBase):
                 value = value.to_dict()
             elif isinstance(value, tuple):

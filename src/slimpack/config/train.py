@@ -14,6 +14,13 @@ class TrainConfig(ConfigBase):
     """Longest sequence a sample may have; longer documents are cut into chunks of this length."""
     global_batch_tokens: int = 4 * 2**20
     """Token budget of one global batch (all replicas, one optimizer step)."""
+    micro_batch_tokens: int | None = None
+    """Most tokens a baseline packs into one micro-batch, its packers' token cap (Megatron's micro-batch
+    size times its sequence length, TRL's per-device batch times its packed length, verl's
+    ``max_token_len_per_gpu``); None: ``max_context``, one context-length sequence per micro-batch.
+    Where memory allows more, a larger cap makes fewer, fuller micro-batches: less per-group overhead,
+    larger pipeline bubbles (``docs/baseline-caps.md``). SlimPack sizes its MicroPacks by cost and
+    memory, and SlimPipe slices context-length sequences: both ignore it."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none; selective (core attention rerun in backward); full (only each
     layer's input kept, the layer's forward rerun in backward). The default is ``none``: with
@@ -35,7 +42,16 @@ class TrainConfig(ConfigBase):
                 f"max_context must be a positive integer, got {self.max_context!r}")
         require(isinstance(self.global_batch_tokens, int) and self.global_batch_tokens >= 1,
                 f"global_batch_tokens must be a positive integer, got {self.global_batch_tokens!r}")
+        require(self.micro_batch_tokens is None or (isinstance(self.micro_batch_tokens, int)
+                                                     and self.micro_batch_tokens >= self.max_context),
+                f"micro_batch_tokens must be at least max_context ({self.max_context}): a micro-batch holds "
+                f"the longest sample; got {self.micro_batch_tokens!r}")
         require(self.layer_ops in ("slimpack", "transformers"),
                 f"layer_ops must be 'slimpack' or 'transformers', got {self.layer_ops!r}")
         require(self.recompute in ("none", "selective", "full"),
                 f"recompute must be 'none', 'selective' or 'full', got {self.recompute!r}")
+
+    @property
+    def micro_batch_cap(self) -> int:
+        """The token cap of a baseline's micro-batch (``micro_batch_tokens``, by default ``max_context``)."""
+        return self.micro_batch_tokens or self.max_context

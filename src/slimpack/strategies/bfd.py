@@ -25,13 +25,14 @@ class BFDPlanner:
         self.config = config
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
-        context = self.config.train.max_context
-        samples = cut_to_context(batch, context)
-        bins = best_fit_decreasing([s.length for s in samples], context)
+        train = self.config.train
+        capacity = train.micro_batch_cap
+        samples = cut_to_context(batch, train.max_context)
+        bins = best_fit_decreasing([s.length for s in samples], capacity)
         tokens = [sum(samples[i].length for i in b) for b in bins]
         owner = lpt_assign(tokens, self.config.parallel.dp)
         per_replica: list[list[Group]] = [[] for _ in range(self.config.parallel.dp)]
         for b, items in enumerate(bins):
             per_replica[owner[b]].append(tuple(whole(samples[i]) for i in items))
         return symmetric_plan(self.config, self.name, step, samples, per_replica,
-                              {"num_bins": len(bins), "fill": sum(tokens) / (len(bins) * context) if bins else 0.0})
+                              {"num_bins": len(bins), "fill": sum(tokens) / (len(bins) * capacity) if bins else 0.0})

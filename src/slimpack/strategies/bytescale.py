@@ -37,8 +37,8 @@ class ByteScalePlanner:
         self.config = config
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
-        cap = self.config.train.max_context
-        samples = sorted(cut_to_context(batch, cap), key=lambda s: (-s.length, s.id))
+        cap = self.config.train.micro_batch_cap
+        samples = sorted(cut_to_context(batch, self.config.train.max_context), key=lambda s: (-s.length, s.id))
         flops = [model_training_flops(self.config.model, s.length) for s in samples]
         per_replica: list[list[Group]] = []
         counts = []

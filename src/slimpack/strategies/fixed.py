@@ -4,7 +4,9 @@ Documents, in data order, are concatenated into one token stream that is cut int
 exactly ``max_context`` tokens (the last one may be shorter). A document that straddles a cut is
 split there and its two parts become separate samples, as in Megatron's GPT dataset: the second
 part does not attend to the first (document boundaries inside a sequence are kept for masking).
-One sequence is one micro-batch; micro-batches are dealt round-robin over the DP replicas;
+A micro-batch is ``micro_batch_cap // max_context`` consecutive sequences (Megatron's micro-batch
+size: one by default, more with ``micro_batch_tokens``); micro-batches are dealt round-robin over the
+DP replicas;
 forward and backward groupings are identical and run 1F1B (Narayanan et al., SC'21).
 """
 
@@ -47,10 +49,11 @@ class FixedPlanner:
         self.config = config
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
-        par = self.config.parallel
-        samples, sequences = pack_fixed_length(batch, self.config.train.max_context)
+        par, train = self.config.parallel, self.config.train
+        samples, sequences = pack_fixed_length(batch, train.max_context)
+        size = train.micro_batch_cap // train.max_context
         per_replica: list[list[tuple[Slice, ...]]] = [[] for _ in range(par.dp)]
-        for k, seq in enumerate(sequences):
-            per_replica[k % par.dp].append(tuple(seq))
+        for k, first in enumerate(range(0, len(sequences), size)):
+            per_replica[k % par.dp].append(tuple(piece for seq in sequences[first:first + size] for piece in seq))
         return symmetric_plan(self.config, self.name, step, samples, per_replica,
                               {"num_sequences": len(sequences), "split_documents": len(samples) - len(batch)})

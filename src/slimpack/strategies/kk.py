@@ -32,8 +32,8 @@ class KKPlanner:
         self.config = config
 
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
-        cap = self.config.train.max_context
-        samples = cut_to_context(batch, cap)
+        cap = self.config.train.micro_batch_cap
+        samples = cut_to_context(batch, self.config.train.max_context)
         flops = [model_training_flops(self.config.model, s.length) for s in samples]
         replicas = karmarkar_karp(flops, self.config.parallel.dp, equal_count=True)
         lengths = [[samples[i].length for i in r] for r in replicas]

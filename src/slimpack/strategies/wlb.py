@@ -92,11 +92,12 @@ class WLBPlanner:
                  tokens_per_micro_batch: int | None = None) -> None:
         self.config = config
         self.cost = CostModel(config)
-        context = config.train.max_context
+        cap = config.train.micro_batch_cap
         align = config.planner.slice_align
-        # a micro-batch must at least take one context-length document, whatever memory says
-        self.s_max = s_max or max(context, memory_token_cap(self.cost) // align * align)
-        self.tokens_per_micro_batch = tokens_per_micro_batch or context
+        # a micro-batch must at least take one context-length document (and the cap the user set),
+        # whatever memory says
+        self.s_max = s_max or max(cap, memory_token_cap(self.cost) // align * align)
+        self.tokens_per_micro_batch = tokens_per_micro_batch or cap
         if outlier_lengths is None:
             outlier_lengths = self._default_outlier_lengths()
         self.outlier_lengths = tuple(sorted(outlier_lengths))
