@@ -47,12 +47,12 @@ WHOLE_DOCUMENT = tuple(name for name in BASELINES if name not in CUTS_DOCUMENTS)
 """Baselines that train every document whole, as SlimPack does (bfd, kk, wlb, bytescale)."""
 
 
-def draw_cell(seed: int, index: int) -> dict:
-    """The cell's settings: a pure function of (seed, index)."""
+def draw_cell(seed: int, index: int, contexts: tuple[int, ...] = CONTEXTS) -> dict:
+    """The cell's settings: a pure function of (seed, index) (and the contexts drawn from)."""
     rng = random.Random(seed * 1_000_003 + index)
     while True:
         cell = {"index": index, "dataset": rng.choice(bundled_datasets()), "model": rng.choice(MODELS),
-                "context": rng.choice(CONTEXTS), "tokens_per_gpu": rng.choice(TOKENS_PER_GPU),
+                "context": rng.choice(contexts), "tokens_per_gpu": rng.choice(TOKENS_PER_GPU),
                 "tp": rng.choice((1, 2, 4, 8)), "pp": rng.choice((1, 2, 4, 8)), "vpp": rng.choice((1, 1, 2)),
                 "cp": rng.choice((1, 1, 2, 4)), "dp": rng.choice((1, 2, 4)),
                 "recompute": rng.choice(("none", "selective", "full"))}

@@ -374,7 +374,16 @@ class SlimPackPlanner:
             best = evaluate(others)
             evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
             return scores
-        best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
+        counts = {min(limit, m * pp) for m in GROUPS_PER_STAGE}
+        # where context-length sequences are far finer than that (short contexts, many tokens per
+        # GPU), the best count can lie between, where fewer, fuller groups than one per sequence
+        # pay less per-group overhead (short-context cells of docs/baseline-caps.md, up to 1.8x):
+        # the sweep goes on doubling towards one sequence per group
+        count = max(GROUPS_PER_STAGE) * pp * 2
+        while count < min(sequences, finest):
+            counts.add(count)
+            count *= 2
+        best = evaluate({Shape(k, mode) for k in counts for mode in modes})
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
             best = evaluate({best, best._replace(backward=BOUNDED)})
