@@ -374,16 +374,7 @@ class SlimPackPlanner:
             best = evaluate(others)
             evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
             return scores
-        counts = {min(limit, m * pp) for m in GROUPS_PER_STAGE}
-        # where context-length sequences are far finer than that (short contexts, many tokens per
-        # GPU), the best count can lie between, where fewer, fuller groups than one per sequence
-        # pay less per-group overhead (short-context cells of docs/baseline-caps.md, up to 1.8x):
-        # the sweep goes on doubling towards one sequence per group
-        count = max(GROUPS_PER_STAGE) * pp * 2
-        while count < min(sequences, finest):
-            counts.add(count)
-            count *= 2
-        best = evaluate({Shape(k, mode) for k in counts for mode in modes})
+        best = evaluate({Shape(min(limit, m * pp), mode) for m in GROUPS_PER_STAGE for mode in modes})
         best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.0, 1.4)})
         if knobs.use_asymmetric:
             best = evaluate({best, best._replace(backward=BOUNDED)})
@@ -395,13 +386,26 @@ class SlimPackPlanner:
             evaluate({best._replace(slicing=False, backward=SYMMETRIC, lookahead=la) for la in plain})
         # Beyond the greedy path above (scored after it, so they can only add to what it found):
         # the look-aheads for the runners-up (K and look-ahead interact: a finer K can lose without
-        # look-ahead and win with it), and one context-length sequence per group where that is finer
+        # look-ahead and win with it), and finer counts where one context-length sequence per group
+        # is finer than the sweep: that count, and doubling from 64 per stage towards it. At short
+        # contexts and many tokens per GPU the best count lay between, with groups of several
+        # sequences (short-context cells of docs/baseline-caps.md, up to 1.8x faster), so a finer
+        # count that wins is refined as the sweep's best is
         leaders = sorted(scores, key=lambda c: (rank(scores[c]), c))[:LOOKAHEAD_LEADERS]
         extra = {s._replace(lookahead=la) for s in leaders for la in lookaheads(s)}
+        finer: set[int] = set()
         if sequences > max(GROUPS_PER_STAGE) * pp:
-            extra |= {Shape(sequences, mode) for mode in modes}
+            finer.add(sequences)
+            count = 2 * max(GROUPS_PER_STAGE) * pp
+            while count < min(sequences, finest):
+                finer.add(count)
+                count *= 2
+            extra |= {Shape(k, mode) for k in finer for mode in modes}
             extra |= {Shape(sequences, SYMMETRIC, slicing=False, lookahead=la) for la in plain}
-        evaluate(extra)
+        best = evaluate(extra)
+        if best.num_groups in finer:
+            best = evaluate({best._replace(num_groups=max(1, round(best.num_groups * f))) for f in (0.7, 1.4)})
+            evaluate({best._replace(lookahead=la) for la in lookaheads(best)})
         return scores
 
     def _merged_speeds(self, loads: Sequence[float], merges: Sequence[tuple[int, int]], min_ways: Sequence[int],
