@@ -61,3 +61,25 @@ def test_sliced_sequences_are_spread_over_replicas_by_flops_not_dealt_in_turn():
     held = {r: sorted(lengths[s.sample_id] for g in pipe.forward for s in g if s.start == 0)
             for r, pipe in candidate.pipelines()}
     assert held == {0: [26000, 32768], 1: [28000, 30000]}
+
+
+def test_at_a_short_context_slimpack_is_not_behind_a_baseline_with_fuller_micro_batches():
+    # pydocs-like short documents at a 4K context, one pipeline without pipelining (tp 8): the
+    # baselines run fastest with micro-batches of several sequences, which SlimPack's candidates
+    # now include (caps doubling from 8K while plain 1F1B fits, up to 122,600 tokens here)
+    from slimpack.config import ParallelConfig, TrainConfig, build_config
+    from slimpack.strategies import make_planner
+    from slimpack.strategies.slimpack.candidates import micro_batch_caps
+
+    cfg = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=1, dp=1),
+                       train=TrainConfig(max_context=4096, global_batch_tokens=131072))
+    assert micro_batch_caps(cfg) == [4096, 8192, 16384, 32768, 65536]
+    batch = synthetic_batch(5, 131072, 4096)
+    plan = make_planner("slimpack", cfg).plan(batch, step=0)
+    assert plan.config == cfg  # a capped candidate's plan carries the user's config
+    best = min(simulate(make_planner(name, build_config(
+        model="llama2-7b", parallel=ParallelConfig(tp=8, pp=1, dp=1),
+        train=TrainConfig(max_context=4096, global_batch_tokens=131072, micro_batch_tokens=cap))).plan(batch, step=0)
+                        ).step_time_s for name in ("bfd", "kk", "bytescale") for cap in micro_batch_caps(cfg))
+    assert plan.info["step_s"] <= best
+    assert best < min(simulate(make_planner(name, cfg).plan(batch, step=0)).step_time_s for name in ("bfd", "kk"))

@@ -61,22 +61,43 @@ def plan_fits(plan: Plan, cost: CostModel) -> bool:
     return all(peak <= usable for peak in plan_peaks(plan, cost))
 
 
+def micro_batch_caps(config) -> list[int]:
+    """The baselines' micro-batch token caps tried as candidates: the config's, then doubling from
+    twice the context while plain 1F1B's memory allows it and a replica has that many tokens. At short
+    contexts a baseline packing several sequences per micro-batch beat SlimPack's own plans by up to
+    4.5% (``docs/baseline-caps.md``); at long ones memory leaves no room above the context."""
+    from slimpack.strategies.wlb import memory_token_cap  # the registry imports this package
+
+    train = config.train
+    most = min(memory_token_cap(CostModel(config)), train.global_batch_tokens // config.parallel.dp)
+    caps = [train.micro_batch_cap]
+    cap = 2 * train.max_context
+    while cap <= most:
+        if cap > train.micro_batch_cap:
+            caps.append(cap)
+        cap *= 2
+    return caps
+
+
 def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
-    """The baseline candidates' plans of ``batch``; a baseline that cannot plan it (e.g. under
-    interleaving, a group count that is not a multiple of pp) is left out, and so is a plan that
-    holds documents back for a later step (WLB-LLM's deferral: SlimPack trains the batch it is given)."""
+    """The baseline candidates' plans of ``batch``, at each of ``micro_batch_caps`` (each plan keeps
+    the config it was planned with); a baseline that cannot plan it (e.g. under interleaving, a group
+    count that is not a multiple of pp) is left out, and so is a plan that holds documents back for a
+    later step (WLB-LLM's deferral: SlimPack trains the batch it is given)."""
     from slimpack.strategies import make_planner  # the registry imports this package
 
     plans = []
-    for name in BASELINE_CANDIDATES:
-        if name == "kk" and len(batch) > KK_MAX_SAMPLES:
-            continue
-        try:
-            plan = make_planner(name, config).plan(batch, step=step)
-        except ScheduleError:
-            continue
-        if not plan.deferred:
-            plans.append(plan)
+    for cap in micro_batch_caps(config):
+        capped = dataclasses.replace(config, train=dataclasses.replace(config.train, micro_batch_tokens=cap))
+        for name in BASELINE_CANDIDATES:
+            if name == "kk" and len(batch) > KK_MAX_SAMPLES:
+                continue
+            try:
+                plan = make_planner(name, capped if cap != config.train.micro_batch_cap else config).plan(batch, step=step)
+            except ScheduleError:
+                continue
+            if not plan.deferred:
+                plans.append(plan)
     return plans
 
 
@@ -184,8 +205,11 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         raise no_plan_fits(plan, cost)
     best, best_s = found
     name = best.strategy if best.strategy != "slimpipe" else f"sliced bfd sequences (n={best.info['num_slices']})"
+    cap = best.config.train.micro_batch_cap
+    if cap != plan.config.train.micro_batch_cap:
+        name += f" ({cap:,}-token micro-batches)"
     info = {"candidate": name, "step_s": best_s, "slimpack": dict(plan.info), name: dict(best.info)}
-    return dataclasses.replace(best, strategy=plan.strategy, info=info)
+    return dataclasses.replace(best, strategy=plan.strategy, config=plan.config, info=info)
 
 
 def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:
