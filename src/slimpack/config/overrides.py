@@ -24,7 +24,8 @@ def configure(base: Config | str | None = None, *, model: str | ModelConfig | No
               gpu: str | ClusterConfig | None = None, tp: int | None = None, pp: int | None = None,
               dp: int | None = None, cp: int | None = None, vpp: int | None = None,
               max_context: int | None = None, global_batch_tokens: int | None = None,
-              micro_batch_tokens: int | None = None, recompute: str | None = None, seed: int | None = None, kernels: str | None = None,
+              micro_batch_tokens: int | None = None, recompute: str | None = None, seed: int | None = None,
+              kernels: str | None = None,
               planner: Mapping[str, Any] | None = None) -> Config:
     """``base`` (a Config, a config file's path, or ``None`` for :func:`build_config`'s defaults)
     with the given values replaced: the model (a preset name, a Hugging Face ``config.json`` or a

@@ -88,12 +88,13 @@ def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
 
     plans = []
     for cap in micro_batch_caps(config):
-        capped = dataclasses.replace(config, train=dataclasses.replace(config.train, micro_batch_tokens=cap))
+        capped = (config if cap == config.train.micro_batch_cap
+                  else dataclasses.replace(config, train=dataclasses.replace(config.train, micro_batch_tokens=cap)))
         for name in BASELINE_CANDIDATES:
             if name == "kk" and len(batch) > KK_MAX_SAMPLES:
                 continue
             try:
-                plan = make_planner(name, capped if cap != config.train.micro_batch_cap else config).plan(batch, step=step)
+                plan = make_planner(name, capped).plan(batch, step=step)
             except ScheduleError:
                 continue
             if not plan.deferred:
