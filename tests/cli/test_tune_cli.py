@@ -30,12 +30,20 @@ def test_tune_writes_table_json_report_and_a_usable_config(tmp_path, capsys):
     assert row["tokens_per_s"] > 0
 
 
+def test_the_baselines_micro_batch_cap_reaches_the_search_and_its_config(tmp_path, capsys):
+    out = tmp_path / "best.json"
+    assert main([*SMALL, "--micro-batch-tokens", "64K", "--confirm", "0", "--json", "-", "--output", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["best_config"]["train"]["micro_batch_tokens"] == 64 * 1024
+    assert load_config(out).train.micro_batch_cap == 64 * 1024
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["tune", "--gpus", "0"], "expected a positive integer"),
     (["tune", "--gpus", "8", "--strategies", "nope"], "unknown strategy 'nope'"),
     (["tune", "--gpus", "8", "--model", "gpt-9"], "unknown model"),
     (["tune", "--gpus", "1", "--model", "llama2-70b", "--max-context", "4K"], "no layout of 1 GPUs can hold"),
     (["tune", "--gpus", "8", "--dataset", "no-such-data"], "no-such-data"),
+    (["tune", "--gpus", "8", "--max-context", "16K", "--micro-batch-tokens", "8K"], "micro_batch_tokens must be at least"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     try:

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataset_arguments(parser)
     parser.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 128K)")
     parser.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
+    parser.add_argument("--micro-batch-tokens", type=positive_int, metavar="N",
+                        help="most tokens a baseline packs into one micro-batch (default: the max context; not searched)")
     parser.add_argument("--seed", type=int, help="seed for batch sampling")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
                         help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
