@@ -13,8 +13,9 @@ from slimpack.strategies.bfd import BFDPlanner
 from slimpack.strategies.bytescale import ByteScalePlanner
 from slimpack.strategies.fixed import FixedPlanner, pack_fixed_length
 from slimpack.strategies.kk import KKPlanner
+from slimpack.strategies.micro_batches import memory_token_cap
 from slimpack.strategies.slimpipe import SlimPipePlanner, slice_sequence
-from slimpack.strategies.wlb import WLBPlanner, memory_token_cap, sequence_shards
+from slimpack.strategies.wlb import WLBPlanner, sequence_shards
 
 
 def cfg(context, dp=2, cp=1, **train):

@@ -69,7 +69,7 @@ def test_at_a_short_context_slimpack_is_not_behind_a_baseline_with_fuller_micro_
     # now include (caps doubling from 8K while plain 1F1B fits, up to 122,600 tokens here)
     from slimpack.config import ParallelConfig, TrainConfig, build_config
     from slimpack.strategies import make_planner
-    from slimpack.strategies.slimpack.candidates import micro_batch_caps
+    from slimpack.strategies.micro_batches import micro_batch_caps
 
     cfg = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=1, dp=1),
                        train=TrainConfig(max_context=4096, global_batch_tokens=131072))

@@ -67,6 +67,8 @@ def test_tune_finds_the_same_best_as_exhaustive_simulation():
         assert fast.best.tokens_per_s == full.best.tokens_per_s
         assert fast.counts()[PRUNED_BY_BOUND] > 0
         assert not any(t.status.startswith("pruned") for t in full.trials)  # exhaustive: every layout simulated
+        # a baseline's larger micro-batch caps are layouts of their own (SlimPack has none)
+        assert any(t.layout.micro_batch_tokens for t in full.trials) == (fast.strategy != "slimpack")
         status = {t.layout: t.status for t in fast.trials}
         for trial in full.trials:
             floor = next(t.floor_s for t in fast.trials if t.layout == trial.layout)

@@ -22,7 +22,7 @@ class ConfigBase:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, field.name)
-            if value is None:  # unset (its default); TOML has no null, and reading restores it
+            if value is None and field.default is None:  # unset: TOML has no null, and reading restores it
                 continue
             if isinstance(value, ConfigBase):
                 value = value.to_dict()

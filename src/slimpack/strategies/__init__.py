@@ -41,4 +41,9 @@ def make_planner(name: str, config: Config) -> Planner:
     return factory(config)
 
 
-__all__ = ["CUTS_DOCUMENTS", "STRATEGIES", "Planner", "make_planner"]
+MICRO_BATCH_CAPPED = frozenset({"fixed", "bfd", "kk", "wlb", "bytescale"})
+"""Strategies whose micro-batches hold at most ``TrainConfig.micro_batch_cap`` tokens (SlimPipe
+slices context-length sequences, SlimPack sizes its groups by cost and memory)."""
+
+
+__all__ = ["CUTS_DOCUMENTS", "MICRO_BATCH_CAPPED", "STRATEGIES", "Planner", "make_planner"]

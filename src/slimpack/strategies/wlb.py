@@ -38,26 +38,13 @@ from slimpack.errors import UserError
 from slimpack.plan.types import Group, Plan, Sample
 from slimpack.strategies.base import symmetric_plan, whole
 from slimpack.strategies.karmarkar_karp import karmarkar_karp
+from slimpack.strategies.micro_batches import memory_token_cap
 from slimpack.strategies.packing import least_loaded_fit
 
 OUTLIER_MULTIPLES = (1.0, 2.0)
 """Default queue levels: a document is an outlier of level i when it alone costs at least this many
 times a micro-batch of short documents (``REFERENCE_DOC_TOKENS`` each) with the same token count."""
 REFERENCE_DOC_TOKENS = 1024
-
-
-def memory_token_cap(cost: CostModel) -> int:
-    """Most tokens a micro-batch may hold so that plain 1F1B fits in memory: stage s keeps the
-    activations of pp - s micro-batches (all its model chunks) plus one layer's working set, on top
-    of its model states."""
-    config = cost.config
-    pp, chunks = config.parallel.pp, config.parallel.virtual_stages
-    cap = math.inf
-    for stage in range(pp):
-        kept = sum(cost.activation_bytes(1.0, virtual_stage=c * pp + stage) for c in range(chunks))
-        per_token = (pp - stage) * kept + cost.working_bytes(1.0)
-        cap = min(cap, (config.cluster.usable_memory_bytes - cost.model_state_bytes(stage)) / per_token)
-    return max(0, int(cap))
 
 
 def sequence_shards(lengths: Sequence[int], cp: int) -> list[tuple[list[int], list[int]]]:

@@ -32,17 +32,21 @@ class Layout:
     recompute: str
     stage_layers: tuple[int, ...] = ()
     """Per-chunk layers when uneven; empty for an even split."""
+    micro_batch_tokens: int | None = None
+    """A baseline's micro-batch token cap, where the search tries one above the base's."""
 
     def label(self) -> str:
         split = f" [{'/'.join(map(str, self.stage_layers))}]" if self.stage_layers else ""
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
-        return f"tp{self.tp} pp{self.pp}{vpp} cp{self.cp} dp{self.dp} rc-{self.recompute}{split}"
+        cap = f" mb{self.micro_batch_tokens // 1024}K" if self.micro_batch_tokens else ""
+        return f"tp{self.tp} pp{self.pp}{vpp} cp{self.cp} dp{self.dp} rc-{self.recompute}{split}{cap}"
 
     def apply(self, base: Config) -> Config:
         """``base`` with this layout (raises ``UserError`` when the layout cannot hold the model)."""
         parallel = dataclasses.replace(base.parallel, tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp,
                                        virtual_stages=self.vpp, stage_layers=self.stage_layers)
-        train = dataclasses.replace(base.train, recompute=self.recompute)
+        train = dataclasses.replace(base.train, recompute=self.recompute,
+                                    micro_batch_tokens=self.micro_batch_tokens or base.train.micro_batch_tokens)
         return dataclasses.replace(base, parallel=parallel, train=train)
 
 

@@ -24,6 +24,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from slimpack.cost import CostModel
 from slimpack.data import Dataset
 from slimpack.errors import UserError
 from slimpack.plan.types import Sample
+from slimpack.strategies import MICRO_BATCH_CAPPED
+from slimpack.strategies.micro_batches import micro_batch_caps
 from slimpack.strategies.stream import stream_batches
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import Layout, layouts
@@ -140,7 +143,14 @@ class _Search:
             if not exhaustive and memory_floor_bytes(cost, longest, strategy) > config.cluster.usable_memory_bytes:
                 self.pruned_first.append(Trial(layout=layout, status=PRUNED_BY_MEMORY))
                 continue
-            ranked.append((time_floor_s(cost, lengths, strategy), layout.label(), layout, config))
+            floor = time_floor_s(cost, lengths, strategy)
+            ranked.append((floor, layout.label(), layout, config))
+            # a baseline at its best: each larger micro-batch cap worth trying is a layout of its
+            # own, with the same floors (they bound any grouping of the same work)
+            for cap in micro_batch_caps(config)[1:] if strategy in MICRO_BATCH_CAPPED else ():
+                capped = dataclasses.replace(layout, micro_batch_tokens=cap)
+                ranked.append((floor, capped.label(), capped, dataclasses.replace(
+                    config, train=dataclasses.replace(config.train, micro_batch_tokens=cap))))
         ranked.sort(key=lambda r: (r[0], r[1]))
         self.ranked = ranked
         self.decided: list[Trial] = []

@@ -26,6 +26,7 @@ from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, group_tokens
 from slimpack.sim import pipelines_step_time
 from slimpack.strategies.base import cut_to_context, lpt_assign, whole
+from slimpack.strategies.micro_batches import micro_batch_caps
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
@@ -59,24 +60,6 @@ def plan_peaks(plan: Plan, cost: CostModel) -> list[float]:
 def plan_fits(plan: Plan, cost: CostModel) -> bool:
     usable = plan.config.cluster.usable_memory_bytes
     return all(peak <= usable for peak in plan_peaks(plan, cost))
-
-
-def micro_batch_caps(config) -> list[int]:
-    """The baselines' micro-batch token caps tried as candidates: the config's, then doubling from
-    twice the context while plain 1F1B's memory allows it and a replica has that many tokens. At short
-    contexts a baseline packing several sequences per micro-batch beat SlimPack's own plans by up to
-    4.5% (``docs/baseline-caps.md``); at long ones memory leaves no room above the context."""
-    from slimpack.strategies.wlb import memory_token_cap  # the registry imports this package
-
-    train = config.train
-    most = min(memory_token_cap(CostModel(config)), train.global_batch_tokens // config.parallel.dp)
-    caps = [train.micro_batch_cap]
-    cap = 2 * train.max_context
-    while cap <= most:
-        if cap > train.micro_batch_cap:
-            caps.append(cap)
-        cap *= 2
-    return caps
 
 
 def baseline_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
