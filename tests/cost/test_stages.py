@@ -42,7 +42,7 @@ def test_bad_stage_layers_are_user_errors(stage_layers, message):
 
 
 def test_an_uneven_layer_count_needs_stage_layers():
-    with pytest.raises(UserError, match="give stage_layers"):
+    with pytest.raises(UserError, match=r"for an uneven split give parallel.stage_layers \(layers per chunk"):
         build_config(model="llama3-8b", parallel=ParallelConfig(pp=3))
     assert build_config(model="llama3-8b", parallel=ParallelConfig(pp=3, stage_layers=(11, 11, 10))).parallel.pp == 3
 

@@ -65,7 +65,8 @@ class ParallelConfig(ConfigBase):
         else:
             require(model.num_layers % chunks == 0,
                     f"{model.name} has {model.num_layers} layers, not divisible by pp*virtual_stages = "
-                    f"{self.pp}*{self.virtual_stages} = {chunks} (give stage_layers for an uneven split)")
+                    f"{self.pp}*{self.virtual_stages} = {chunks}: for an uneven split give parallel.stage_layers "
+                    f"(layers per chunk, e.g. in a --config file; `slimpack tune` proposes one)")
         require(model.num_heads % self.tp == 0,
                 f"{model.name} has {model.num_heads} attention heads, not divisible by tp={self.tp}")
         require(model.num_kv_heads % self.tp == 0,
