@@ -209,6 +209,18 @@ def test_an_epoch_of_more_samples_than_the_sampler_holds_is_refused():
                               ).samples_per_epoch == MAX_EPOCH_SAMPLES
 
 
+def test_a_batch_of_more_samples_than_a_plan_may_hold_is_refused():
+    from slimpack.data.sampler import MAX_BATCH_SAMPLES
+
+    # one-token samples: a budget of 2**20 tokens holds exactly the most a batch may, one more does not
+    sampler = GlobalBatchSampler(np.full(3, 2**20), SamplerConfig(global_batch_tokens=2**20 + 1, max_context=1))
+    with pytest.raises(UserError, match=r"the batch of step 0 holds 1,048,577 samples \(1,048,577 tokens at "
+                                        r"max_context 1\), more than the 1,048,576 a plan may hold"):
+        sampler.batch_at(0)
+    sampler = GlobalBatchSampler(np.full(3, 2**20), SamplerConfig(global_batch_tokens=2**20, max_context=1))
+    assert sampler.start(1) == (0, MAX_BATCH_SAMPLES)  # the step's span, found without building the batch
+
+
 def test_step_accepts_numpy_integers_only():
     sampler = GlobalBatchSampler(np.array([5, 6]), SamplerConfig(global_batch_tokens=8, max_context=8))
     assert sampler.batch_at(np.int64(1)) == sampler.batch_at(1)

@@ -135,3 +135,20 @@ def test_seeking_slimpack_replays_only_from_its_last_full_search(monkeypatch):
     sought.seek(6)
     assert planned_steps == [4, 5]
     assert _plan(next(sought)) == _plan(expected)
+
+
+def test_a_batch_that_cannot_be_made_fails_its_step_and_the_stream_moves_on():
+    import numpy as np
+
+    from slimpack.data import Dataset
+    from slimpack.errors import UserError
+
+    # one-token samples, one more per batch than a plan may hold (the sampler refuses the batch):
+    # without moving on, a comparison would ask for step 0 forever
+    lengths = np.full(3, 2**20)
+    stream = PlanStream(Dataset(name="ones", lengths=lengths, source="test"),
+                        config(pp=2, dp=2, model="tiny", max_context=1, global_batch_tokens=2**20 + 1), "fixed")
+    for step in (0, 1):
+        with pytest.raises(UserError, match=f"the batch of step {step} holds 1,048,577 samples"):
+            next(stream)
+        assert stream.step == step + 1

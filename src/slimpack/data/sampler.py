@@ -140,6 +140,12 @@ few tokens (a missing K or M) would otherwise cut wikipedia's 1.0G tokens into a
 run out of memory."""
 
 
+MAX_BATCH_SAMPLES = 2**20
+"""Most samples one global batch may hold. Planning time grows with them: 2048 GPUs at 64K tokens per
+GPU on wikipedia make 133,260 samples, while a context of 1 token on cpython (7.9M samples per epoch,
+under ``MAX_EPOCH_SAMPLES``) made 4M-sample batches whose planning had not ended after 10 minutes."""
+
+
 _BATCH_CACHE = 4
 """Batches kept for every sampler of the process, by (the dataset's lengths, settings, step and the
 stream positions it spans): a ``tune`` search makes a sampler per strategy and layout and screens
@@ -188,6 +194,11 @@ class GlobalBatchSampler:
         """The batch of optimizer step ``step`` (>= 0); same dataset + config + step => same batch."""
         step = _step_index(step)
         (e0, i0), (e1, i1) = self.start(step), self.start(step + 1)
+        count = (e1 - e0) * self.samples_per_epoch + i1 - i0
+        if count > MAX_BATCH_SAMPLES:
+            raise UserError(f"the batch of step {step} holds {count:,} samples ({self.config.global_batch_tokens:,} "
+                            f"tokens at max_context {self.config.max_context:,}), more than the "
+                            f"{MAX_BATCH_SAMPLES:,} a plan may hold: raise max_context or lower global_batch_tokens")
         key = (id(self.dataset.lengths), self.config, step, e0, i0, e1, i1)
         cached = _batches.get(key)
         if cached is None:  # (first in, first out: no reordering, which a planning thread could race)

@@ -125,7 +125,12 @@ class PlanStream:
         return self
 
     def __next__(self) -> PlannedStep:
-        return self._plan(self.batch(self.step), drain=False)
+        try:
+            new = self.batch(self.step)
+        except UserError:  # a batch that cannot be made fails its step, and the stream moves on
+            self.step += 1
+            raise
+        return self._plan(new, drain=False)
 
     def drain(self) -> PlannedStep:
         """Plan a step with no new samples: the data has ended, the strategy releases what it holds
