@@ -149,8 +149,7 @@ class _Search:
             # own, with the same floors (they bound any grouping of the same work)
             for cap in micro_batch_caps(config)[1:] if strategy in MICRO_BATCH_CAPPED else ():
                 capped = dataclasses.replace(layout, micro_batch_tokens=cap)
-                ranked.append((floor, capped.label(), capped, dataclasses.replace(
-                    config, train=dataclasses.replace(config.train, micro_batch_tokens=cap))))
+                ranked.append((floor, capped.label(), capped, capped.apply(config)))
         ranked.sort(key=lambda r: (r[0], r[1]))
         self.ranked = ranked
         self.decided: list[Trial] = []
