@@ -16,6 +16,7 @@ from slimpack.schedule.dag import (
     build_graph,
     data_dependencies,
     dependencies,
+    slice_table,
     topological_order,
 )
 
@@ -93,6 +94,22 @@ def test_backward_groups_of_other_slices_are_refused():
     forward = ((Slice(0, 0, 10), Slice(0, 10, 20)),)
     with pytest.raises(ScheduleError, match="other slices"):
         data_dependencies(forward, ((Slice(0, 0, 20),),))
+
+
+def test_the_slice_table_of_the_same_groups_is_computed_once_and_cannot_be_changed():
+    forward = ((Slice(0, 0, 10),), (Slice(0, 10, 20), Slice(1, 0, 5)))
+    backward = ((Slice(0, 10, 20),), (Slice(0, 0, 10), Slice(1, 0, 5)))
+    table = slice_table(forward, backward)
+    assert slice_table(forward, backward) is table
+    sample, f_group, b_group = table
+    assert sample.tolist() == [0, 0, 1] and f_group.tolist() == [0, 1, 1] and b_group.tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match="read-only"):
+        f_group[0] = 1
+    # groups that can change (lists) are read afresh every time
+    changing = [[Slice(0, 0, 10)], [Slice(0, 10, 20), Slice(1, 0, 5)]]
+    assert slice_table(changing, changing)[1].tolist() == [0, 1, 1]
+    changing[0].append(changing[1].pop())
+    assert slice_table(changing, changing)[1].tolist() == [0, 1, 0]
 
 
 @given(_groupings(), st.integers(1, 4), st.integers(1, 2), st.randoms(use_true_random=False))

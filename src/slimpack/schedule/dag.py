@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
 from operator import itemgetter
+from threading import Lock
 
 import numpy as np
 
@@ -136,19 +137,57 @@ def _group_pairs(first: np.ndarray, second: np.ndarray, keep: np.ndarray | None,
     return list(zip((codes // span).tolist(), (codes % span).tolist(), strict=True))
 
 
+SLICE_TABLES_KEPT = 256
+"""How many pipelines' slice tables ``slice_table`` keeps: the planner orders a pipeline when it
+builds it (``builders.backward_needs``) and the simulator reads the same groups when it scores it,
+after up to a plan's whole set of pipelines (dp of them) has been built."""
+_slice_tables: dict[tuple[int, int], tuple[object, object, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+_slice_tables_lock = Lock()
+
+
 def slice_table(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]]
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every slice of a pipeline in (sample id, start) order, as three aligned arrays: its sample id,
-    its forward group's index and its backward group's index. Sorted in numpy: a pipeline holds
-    thousands of slices, and the simulator builds the graph of every candidate the planner scores.
-    The forward and backward groups must hold the same slices (``check_groups`` checks it first)."""
+    """Every slice of a pipeline in (sample id, start) order, as three aligned (read-only) arrays:
+    its sample id, its forward group's index and its backward group's index. Sorted in numpy: a
+    pipeline holds thousands of slices, and the simulator builds the graph of every candidate the
+    planner scores. The forward and backward groups must hold the same slices (``check_groups``
+    checks it first).
+
+    The table of the same two group objects is computed once (a pipeline's groups are immutable
+    tuples, and half the calls of a planner's step are the simulator's second look at a pipeline it
+    has just ordered). The memo keys on the objects' identities and keeps the objects, so an id
+    cannot be reused by another object while its table is kept."""
+    key = (id(forward), id(backward))
+    with _slice_tables_lock:
+        kept = _slice_tables.get(key)
+    if kept is not None:
+        return kept[2]
+    table = _slice_table(forward, backward)
+    if _immutable(forward) and _immutable(backward):  # a list could change under the memo
+        with _slice_tables_lock:
+            _slice_tables[key] = (forward, backward, table)
+            while len(_slice_tables) > SLICE_TABLES_KEPT:
+                del _slice_tables[next(iter(_slice_tables))]  # the oldest first
+    return table
+
+
+def _immutable(groups: Sequence[Sequence[SliceKey]]) -> bool:
+    return type(groups) is tuple and all(type(group) is tuple for group in groups)
+
+
+def _slice_table(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sample, start, f_group = _slices_in_order(forward)
     if backward is forward:  # 1F1B plans share their groups
-        return sample, f_group, f_group
-    b_sample, b_start, b_group = _slices_in_order(backward)
-    if not (np.array_equal(sample, b_sample) and np.array_equal(start, b_start)):
-        raise ScheduleError("the backward groups hold other slices than the forward groups")
-    return sample, f_group, b_group
+        table = sample, f_group, f_group
+    else:
+        b_sample, b_start, b_group = _slices_in_order(backward)
+        if not (np.array_equal(sample, b_sample) and np.array_equal(start, b_start)):
+            raise ScheduleError("the backward groups hold other slices than the forward groups")
+        table = sample, f_group, b_group
+    for column in table:
+        column.setflags(write=False)  # shared by every caller of the memo
+    return table
 
 
 def _slices_in_order(groups: Sequence[Sequence[SliceKey]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -34,7 +34,7 @@ from slimpack.collector import collector_paused
 from slimpack.config import Config
 from slimpack.cost import CostModel
 from slimpack.errors import UserError
-from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, runs
+from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice, group_tokens, runs
 from slimpack.schedule.builders import (
     backward_needs,
     chain_lookahead,
@@ -115,6 +115,8 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._grouped: dict[tuple, tuple[tuple[Group, ...], ...]] = {}
+        self._forward: dict[tuple, list[list[Slice]]] = {}
         self._linked_caps: dict[int, float] = {}
         self._laid_out: dict[tuple[int, ...], list[Slice]] = {}
         """A bin's samples laid out longest first as whole slices (every shape cuts that sequence)."""
@@ -240,30 +242,52 @@ class SlimPackPlanner:
         if not bin_.items:  # more replicas than samples: this one only joins the gradient all-reduce
             return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=(), backward=(),
                                 order=((),) * self.config.parallel.pp, formations=())
-        if bin_.items not in self._laid_out:
-            items = np.array(bin_.items, dtype=np.intp)
-            ids, lengths = self._ids[items], self._lengths[items]
-            order = np.lexsort((ids, -lengths))  # longest first, then by id
-            # tuple.__new__ makes the slices in C (the named tuple's own constructor is Python)
-            whole = zip(ids[order].tolist(), repeat(0), lengths[order].tolist(), strict=False)
-            self._laid_out[bin_.items] = list(map(partial(tuple.__new__, Slice), whole))
-        pieces = self._laid_out[bin_.items]
-        rules = dataclasses.replace(self.rules, max_linked_tokens=self._linked_cap(cp)) if shape.slicing \
-            else dataclasses.replace(self.rules, can_cut=False)
-        forward_cost, backward_cost = self._slice_costs(shape.head_weight)
-        forward = cut_into_groups(pieces, shape.num_groups, forward_cost, rules)
-        if milp is not None:
-            forward = self._refine(forward, backward=False, milp=milp)
+        fwd, bwd = self._groups(bin_, shape, cp, milp)
+        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd,
+                            order=self._order(fwd, bwd, cp, shape.lookahead))
+
+    def _groups(self, bin_: Bin, shape: Shape, cp: int, milp: MilpBudget | None) -> tuple[tuple[Group, ...], ...]:
+        """(forward, backward) groups of the bin's samples for ``shape``. Without the MILP they are
+        memoised within a step: the look-ahead changes only the order, and the backward mode only
+        the backward groups (the search scores each of them at the same group count)."""
+        key = (bin_.replicas, bin_.items, shape._replace(lookahead=0))
+        if milp is None and key in self._grouped:
+            return self._grouped[key]
+        _, backward_cost = self._slice_costs(shape.head_weight)
+        forward = self._forward_groups(bin_, shape, cp) if milp is None else [
+            list(g) for g in self._refine(self._forward_groups(bin_, shape, cp), backward=False, milp=milp)]
         if shape.backward == SYMMETRIC:
-            fwd = tuple(tuple(g) for g in forward)
+            fwd = tuple(map(tuple, forward))
             bwd = symmetric_backward(fwd)
         else:
             balance_on = backward_cost if shape.backward == ASYMMETRIC else self._bounded_cost(shape.head_weight)
-            fwd, bwd = asymmetric_groups(forward, balance_on, rules)
+            fwd, bwd = asymmetric_groups(forward, balance_on, self._rules(shape, cp))
             if milp is not None:
                 bwd = tuple(tuple(g) for g in self._refine([list(g) for g in bwd], backward=True, milp=milp))
-        return PipelinePlan(replicas=bin_.replicas, cp=cp, forward=fwd, backward=bwd,
-                            order=self._order(fwd, bwd, cp, shape.lookahead))
+        if milp is None:
+            self._grouped[key] = fwd, bwd
+        return fwd, bwd
+
+    def _forward_groups(self, bin_: Bin, shape: Shape, cp: int) -> list[list[Slice]]:
+        """The bin's samples, longest first, cut into ``shape``'s forward groups (memoised within a
+        step: every backward mode of a group count cuts the same forward groups). Read only."""
+        key = (bin_.replicas, bin_.items, shape.num_groups, shape.slicing, shape.head_weight)
+        if key not in self._forward:
+            if bin_.items not in self._laid_out:
+                items = np.array(bin_.items, dtype=np.intp)
+                ids, lengths = self._ids[items], self._lengths[items]
+                order = np.lexsort((ids, -lengths))  # longest first, then by id
+                # tuple.__new__ makes the slices in C (the named tuple's own constructor is Python)
+                whole = zip(ids[order].tolist(), repeat(0), lengths[order].tolist(), strict=False)
+                self._laid_out[bin_.items] = list(map(partial(tuple.__new__, Slice), whole))
+            forward_cost, _ = self._slice_costs(shape.head_weight)
+            self._forward[key] = cut_into_groups(self._laid_out[bin_.items], shape.num_groups, forward_cost,
+                                                 self._rules(shape, cp))
+        return self._forward[key]
+
+    def _rules(self, shape: Shape, cp: int) -> CutRules:
+        return (dataclasses.replace(self.rules, max_linked_tokens=self._linked_cap(cp)) if shape.slicing
+                else dataclasses.replace(self.rules, can_cut=False))
 
     def _order(self, forward: Sequence[Sequence[Slice]], backward: Sequence[Sequence[Slice]], cp: int,
                lookahead: int) -> tuple:
@@ -501,8 +525,8 @@ class SlimPackPlanner:
 
     def _plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
-        self._built.clear()  # keys hold indices into this step's batch
-        self._laid_out.clear()
+        for memo in (self._built, self._grouped, self._forward, self._laid_out):
+            memo.clear()  # keys hold indices into this step's batch
         samples = list(batch)
         par = self.config.parallel
         knobs = self.config.planner
