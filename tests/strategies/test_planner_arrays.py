@@ -10,7 +10,13 @@ from random_plans import plans
 from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.plan.types import Slice
-from slimpack.strategies.slimpack.cutting import CutRules, cut_into_groups, overflow, piece_costs
+from slimpack.strategies.slimpack.cutting import (
+    CutRules,
+    cut_into_groups,
+    cut_into_groups_with_positions,
+    overflow,
+    piece_costs,
+)
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
 
@@ -96,3 +102,7 @@ def test_cutting_equals_the_one_piece_at_a_time_loop(lengths, num_groups, from_e
     actual = float(np.sum(piece_costs([s for group in first for s in group], cost)))
     expected = _cut_one_piece_at_a_time(pieces, num_groups, cost, rules, from_end, actual)
     assert cut_into_groups(pieces, num_groups, cost, rules, from_end=from_end) == expected
+    # the positions it reports are exactly the ends its groups have that the pieces had not
+    groups, positions = cut_into_groups_with_positions(pieces, num_groups, cost, rules, from_end=from_end)
+    new_ends = {(s.sample_id, s.end) for group in groups for s in group} - {(s.sample_id, s.end) for s in pieces}
+    assert sorted((sid, t) for sid, points in positions.items() for t in points) == sorted(new_ends)

@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import accumulate
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,20 +55,43 @@ def cumulative_cost(lengths: np.ndarray, starts: np.ndarray, positions: np.ndarr
     return whole[inside] + partial
 
 
-def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCost | None = None) -> list[Group]:
-    """Cut a packed sequence of whole documents into ``n`` chunks, boundaries on multiples of
-    ``align``: of about equal ``cost`` (equal tokens without one); each chunk is the group of document
-    pieces inside it (fewer than ``n`` chunks when the sequence is too short to cut that finely)."""
+class CostProfile(NamedTuple):
+    """A packed sequence's pieces (token counts, read once) and, where slices balance cost, the
+    cost reached at each aligned position: every slice count cuts the same profile."""
+
+    tokens: list[int]
+    positions: np.ndarray | None = None
+    reached: np.ndarray | None = None
+
+
+def cost_profile(sequence: Sequence[Slice], align: int, cost: SliceCost | None = None) -> CostProfile:
+    """The ``CostProfile`` of ``sequence`` (without ``cost``: its tokens only)."""
     # the pieces read in C once: every candidate slice count cuts every sequence of the batch
     _, starts, stops = slice_columns(sequence, len(sequence))
     lengths = stops - starts
     tokens = lengths.tolist()
+    if cost is None:
+        return CostProfile(tokens)
+    total = sum(tokens)
+    positions = np.arange(0, total + align, align, dtype=np.float64).clip(max=total)
+    return CostProfile(tokens, positions,
+                       cumulative_cost(lengths.astype(np.float64), starts.astype(np.float64), positions, cost))
+
+
+def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCost | None = None, *,
+                   profile: CostProfile | None = None) -> list[Group]:
+    """Cut a packed sequence of whole documents into ``n`` chunks, boundaries on multiples of
+    ``align``: of about equal ``cost`` (equal tokens without one); each chunk is the group of document
+    pieces inside it (fewer than ``n`` chunks when the sequence is too short to cut that finely).
+    ``profile``: the sequence's ``cost_profile`` with that ``align`` and ``cost``, when known."""
+    if profile is None:
+        profile = cost_profile(sequence, align, cost if n > 1 else None)
+    tokens = profile.tokens
     total = sum(tokens)
     if cost is None or n == 1:
         cuts = sorted({0, total, *(min(total, round(j * total / n / align) * align) for j in range(1, n))})
     else:
-        positions = np.arange(0, total + align, align, dtype=np.float64).clip(max=total)
-        reached = cumulative_cost(lengths.astype(np.float64), starts.astype(np.float64), positions, cost)
+        positions, reached = profile.positions, profile.reached
         targets = reached[-1] * np.arange(1, n) / n
         picks = np.searchsorted(reached, targets)  # first aligned position at or past each target
         nearer = np.where(picks > 0, np.abs(reached[np.maximum(picks - 1, 0)] - targets) < np.abs(reached[picks] - targets), False)
@@ -101,6 +125,7 @@ class SlimPipePlanner:
         self.candidates = tuple(n for n in num_slices if n == 1 or context // n >= shortest) or (1,)
         forward, backward = (self.cost.slice_cost_function(backward=b) for b in (False, True))
         self.slice_cost: SliceCost = lambda tokens, prefix: forward(tokens, prefix) + backward(tokens, prefix)
+        self._profiles: dict[int, tuple[Sequence[Slice], CostProfile]] = {}
 
     def build(self, samples: Sequence[Sample], sequences: Sequence[Sequence[Slice]], n: int, step: int) -> Plan:
         """The plan of ``sequences`` (dealt round-robin over the replicas) at ``n`` slices."""
@@ -116,13 +141,26 @@ class SlimPipePlanner:
     def pipeline(self, sequences: Sequence[Sequence[Slice]], replica: int, n: int) -> PipelinePlan:
         """Replica ``replica``'s pipeline: its ``sequences``, each cut into ``n`` slices."""
         par = self.config.parallel
-        chunks = [slice_sequence(seq, n, self.config.planner.slice_align, self.slice_cost) for seq in sequences]
+        align = self.config.planner.slice_align
+        chunks = [slice_sequence(seq, n, align, self.slice_cost, profile=self._profile(seq) if n > 1 else None)
+                  for seq in sequences]
         forward = tuple(g for seq in chunks for g in seq)
         backward = tuple(g for seq in chunks for g in reversed(seq))
         pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)
         return replace(pipe, order=slice_1f1b(len(forward), par.pp, n)) if n > 1 else pipe
 
+    def _profile(self, sequence: Sequence[Slice]) -> CostProfile:
+        """``sequence``'s cost profile, computed once per sequence object (the memo keeps the
+        sequence, so its id is not reused while the profile is kept; callers do not change a
+        sequence once made). Cleared at each ``plan``."""
+        kept = self._profiles.get(id(sequence))
+        if kept is None:
+            kept = self._profiles[id(sequence)] = sequence, cost_profile(
+                sequence, self.config.planner.slice_align, self.slice_cost)
+        return kept[1]
+
     def plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
+        self._profiles.clear()
         samples, sequences = pack_fixed_length(batch, self.config.train.max_context)
         scored = []
         for n in self.candidates:

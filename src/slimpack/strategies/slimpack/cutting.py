@@ -90,25 +90,34 @@ def cut_into_groups(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, r
     Cutting a piece makes its parts cost a little more than the whole (small slices run less
     efficiently), so budgets computed from whole pieces drift upwards along the sequence; a second
     pass with the first pass's actual total removes that drift."""
+    return cut_into_groups_with_positions(pieces, num_groups, cost, rules, from_end=from_end)[0]
+
+
+def cut_into_groups_with_positions(pieces: Sequence[Slice], num_groups: int, cost: SliceCost, rules: CutRules, *,
+                                   from_end: bool = False) -> tuple[list[list[Slice]], dict[int, list[int]]]:
+    """``cut_into_groups``'s groups, and per sample the positions where it cut one of ``pieces``
+    (each strictly inside the piece it cut, in the order cut)."""
     assert num_groups >= 1
     costs = piece_costs(pieces, cost)
     # the estimate sums the whole pieces last first, as this pass always has (the same float)
     estimate = float(np.sum(np.ascontiguousarray(costs[::-1])))
-    _, first_costs = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, estimate)
+    _, first_costs, _ = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, estimate)
     actual = float(np.sum(np.array(first_costs)))  # as np.sum of ``piece_costs`` of its pieces
-    return _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, actual)[0]
+    groups, _, positions = _cut(pieces, costs.tolist(), num_groups, cost, rules, from_end, actual)
+    return groups, positions
 
 
 def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: SliceCost, rules: CutRules,
-         from_end: bool, remaining: float) -> tuple[list[list[Slice]], list[float]]:
+         from_end: bool, remaining: float) -> tuple[list[list[Slice]], list[float], dict[int, list[int]]]:
     """One pass: ``costs`` are the pieces' (the head piece's changes where it is cut), ``remaining``
-    what the groups still to form should cost together. Returns the groups and the cost of each of
-    their pieces in order (a cut piece's parts priced as ``piece_costs`` prices them, bit for bit)."""
+    what the groups still to form should cost together. Returns the groups, the cost of each of
+    their pieces in order (a cut piece's parts priced as ``piece_costs`` prices them, bit for bit)
+    and the positions cut, per sample."""
     sequence = list(pieces)
     at = 0  # the next piece
     groups: list[list[Slice]] = []
     placed: list[float] = []  # the cost of each piece placed in a group, in order
-    cut_samples: set[int] = set()
+    positions: dict[int, list[int]] = {}
     linked = 0  # tokens of the run of linked groups the current group continues (0: it starts one)
     no_cut = dataclasses.replace(rules, can_cut=False)
     for g in range(num_groups):
@@ -131,8 +140,8 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
             piece = sequence[at]
             # cutting a new sample in a group that holds the last slice of a cut one links their chains
             # (the group's sample ids are matched against the cut ones in C)
-            links = (piece.sample_id not in cut_samples and bool(cut_samples)
-                     and not cut_samples.isdisjoint(map(itemgetter(0), group)))
+            links = (piece.sample_id not in positions and bool(positions)
+                     and not positions.keys().isdisjoint(map(itemgetter(0), group)))
             too_long = links and linked + group_tokens(group) + piece.tokens > rules.max_linked_tokens
             taken, kept = overflow(piece, costs[at], filled, budget, bool(group), cost,
                                    no_cut if too_long else rules, from_end)
@@ -144,12 +153,12 @@ def _cut(pieces: Sequence[Slice], costs: list[float], num_groups: int, cost: Sli
                 at += 1
             elif taken is not None:
                 sequence[at], costs[at] = kept, cost(kept.tokens, kept.start)
-                cut_samples.add(piece.sample_id)
+                positions.setdefault(piece.sample_id, []).append(kept.end if from_end else kept.start)
         # the group ends inside a sample that the next group continues: the run goes on
         ends_inside = bool(group) and at < len(sequence) and group[-1].sample_id == sequence[at].sample_id
         linked = linked + group_tokens(group) if ends_inside else 0
         groups.append(group)
-    return groups, placed
+    return groups, placed, positions
 
 
 def overflow(piece: Slice, whole: float, filled: float, budget: float, started: bool, cost: SliceCost,

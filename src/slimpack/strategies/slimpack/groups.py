@@ -12,7 +12,7 @@ from itertools import chain, compress, count
 from operator import itemgetter
 
 from slimpack.plan.types import Group, Slice
-from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups
+from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups_with_positions
 
 
 def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
@@ -38,6 +38,8 @@ def backward_sequence(forward: Sequence[Sequence[Slice]]) -> list[Slice]:
 def refine(groups: Sequence[Sequence[Slice]], cuts: dict[int, list[int]]) -> tuple[Group, ...]:
     """Split slices at extra cut positions (``cuts``: per sample, sorted positions), keeping group
     membership and order."""
+    if not cuts:
+        return tuple(map(tuple, groups))
     out = []
     for group in groups:
         if cuts.keys().isdisjoint(map(itemgetter(0), group)):  # nothing to split here (checked in C)
@@ -72,15 +74,12 @@ def asymmetric_groups(forward: list[list[Slice]], backward_cost: SliceCost, rule
     """As many backward groups as forward groups, balanced on backward cost over the same slices,
     cut further where the backward balance needs it; the forward groups get the same extra
     boundaries."""
-    backward = cut_into_groups(backward_sequence(forward), len(forward), backward_cost, rules, from_end=True)
-    # the positions where backward cut a sample further than forward did
-    ends = set(map(itemgetter(0, 2), chain.from_iterable(forward)))  # (sample id, end), built in C
-    extra: dict[int, set[int]] = {}
-    for sample_id, end in set(map(itemgetter(0, 2), chain.from_iterable(backward))) - ends:
-        extra.setdefault(sample_id, set()).add(end)
-    cuts = {sid: sorted(points) for sid, points in extra.items()}
-    # backward pieces are forward slices, some cut further: giving forward those cuts too makes
+    backward, positions = cut_into_groups_with_positions(backward_sequence(forward), len(forward), backward_cost,
+                                                         rules, from_end=True)
+    # backward pieces are forward slices, some cut further (each cut strictly inside a forward
+    # slice, so at a position that is no forward boundary): giving forward those cuts too makes
     # both groupings partition the same slices
+    cuts = {sid: sorted(points) for sid, points in positions.items()}
     return refine(forward, cuts), tuple(_canonical(g) for g in backward)
 
 
