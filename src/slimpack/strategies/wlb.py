@@ -131,8 +131,9 @@ class WLBPlanner:
         pack, num_micro_batches = self._gather(batch)
         lengths = [s.length for s in pack]
         weights = self.latency(lengths)
-        order = sorted(range(len(pack)), key=lambda i: (-lengths[i], pack[i].id))
-        bins, left = least_loaded_fit(order, lengths, weights, num_micro_batches, self.s_max)
+        # longest first, then by id (sorted in numpy: ids are unique, so the order is the same)
+        order = np.lexsort((np.array([s.id for s in pack], dtype=np.int64), -np.array(lengths, dtype=np.int64))).tolist()
+        bins, left = least_loaded_fit(order, lengths, weights.tolist(), num_micro_batches, self.s_max)
         self.carry = [pack[i] for i in left]
         bins = [b for b in bins if b]
         owner = karmarkar_karp([float(weights[b].sum()) for b in bins], dp, equal_count=True)
