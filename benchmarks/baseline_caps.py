@@ -89,6 +89,20 @@ def run_cell(kind: str, index: int) -> dict:
     return cell
 
 
+def rerun_slimpack(cell: dict) -> dict:
+    """``cell`` with SlimPack's record of the current code: a stress cell's read from docs/stress
+    (its own sweep re-runs SlimPack), a short cell's planned again here; the commit is noted."""
+    from stress import cell_config
+
+    if cell["kind"] == "stress":
+        record = json.loads((ROOT / "docs" / "stress" / f"cell-{cell['index']:04d}.json").read_text())
+        slimpack, commit = record["strategies"]["slimpack"], record.get("rerun", {}).get("slimpack", record["commit"])
+    else:
+        slimpack = run_strategy_in_cell("slimpack", cell_config(cell), load_dataset(cell["dataset"]))
+        commit = head_commit()
+    return {**cell, "strategies": {**cell["strategies"], "slimpack": slimpack}, "slimpack_commit": commit}
+
+
 def best_cap(cell: dict, name: str) -> tuple[int, float] | None:
     """``name``'s best (multiple, tokens/s) over the caps that fit (None if none fits)."""
     tried = {1: cell["strategies"][name], **{int(m): r for m, r in cell["capped"][name].items()}}
@@ -132,7 +146,11 @@ def report(cells: list[dict], command: str) -> str:
              "`benchmarks/baseline_caps.py` for the method; `--micro-batch-tokens` sets the cap in "
              "`plan`, `compare` and `tune`.", "",
              f"Reproduce: `{command}` (then `--report`). Commit(s): "
-             f"{', '.join(sorted({c['commit'] for c in cells}))}.", ""]
+             f"{', '.join(sorted({c['commit'] for c in cells}))}."]
+    again = sorted({c["slimpack_commit"] for c in cells if "slimpack_commit" in c})
+    if again:
+        lines += [f"SlimPack's records refreshed (`--rerun-slimpack`) at {', '.join(again)}."]
+    lines += [""]
     for kind, title in (("stress", "Stress cells (contexts 8K-256K)"), ("short", "Short contexts (1K-4K)")):
         group = [c for c in cells if c["kind"] == kind]
         if not group:
@@ -177,6 +195,9 @@ def main() -> None:
     parser.add_argument("--part", default="0/1", help="i/n: run the cells whose position is i modulo n")
     parser.add_argument("--out", default=str(ROOT / "docs" / "baseline-caps"))
     parser.add_argument("--report", action="store_true")
+    parser.add_argument("--rerun-slimpack", action="store_true",
+                        help="refresh SlimPack's record in the cells already run: a stress cell's from "
+                             "docs/stress (run its --rerun slimpack first), a short cell's planned again")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -189,6 +210,15 @@ def main() -> None:
         print(f"{len(cells)} of {len(todo)} cells -> docs/baseline-caps.md")
         return
     part, parts = map(int, args.part.split("/"))
+    if args.rerun_slimpack:
+        for position, (kind, index) in enumerate(todo):
+            path = out / f"{kind}-{index:04d}.json"
+            if position % parts == part and path.exists():
+                cell = rerun_slimpack(json.loads(path.read_text()))
+                path.write_text(json.dumps(cell))
+                print(f"{kind} {index}: slimpack {cell['strategies']['slimpack']['tokens_per_s']:,.0f} tokens/s",
+                      flush=True)
+        return
     for position, (kind, index) in enumerate(todo):
         path = out / f"{kind}-{index:04d}.json"
         if position % parts != part or path.exists():

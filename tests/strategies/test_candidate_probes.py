@@ -66,14 +66,15 @@ def test_sliced_sequences_are_spread_over_replicas_by_flops_not_dealt_in_turn():
 def test_at_a_short_context_slimpack_is_not_behind_a_baseline_with_fuller_micro_batches():
     # pydocs-like short documents at a 4K context, one pipeline without pipelining (tp 8): the
     # baselines run fastest with micro-batches of several sequences, which SlimPack's candidates
-    # now include (caps doubling from 8K while plain 1F1B fits, up to 122,600 tokens here)
+    # now include (caps doubling from 8K while plain 1F1B fits full micro-batches, up to 122,600
+    # tokens here, and one doubling past that)
     from slimpack.config import ParallelConfig, TrainConfig, build_config
     from slimpack.strategies import make_planner
     from slimpack.strategies.micro_batches import micro_batch_caps
 
     cfg = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=1, dp=1),
                        train=TrainConfig(max_context=4096, global_batch_tokens=131072))
-    assert micro_batch_caps(cfg) == [4096, 8192, 16384, 32768, 65536]
+    assert micro_batch_caps(cfg) == [4096, 8192, 16384, 32768, 65536, 131072]
     batch = synthetic_batch(5, 131072, 4096)
     plan = make_planner("slimpack", cfg).plan(batch, step=0)
     assert plan.config == cfg  # a capped candidate's plan carries the user's config
@@ -83,3 +84,21 @@ def test_at_a_short_context_slimpack_is_not_behind_a_baseline_with_fuller_micro_
                         ).step_time_s for name in ("bfd", "kk", "bytescale") for cap in micro_batch_caps(cfg))
     assert plan.info["step_s"] <= best
     assert best < min(simulate(make_planner(name, cfg).plan(batch, step=0)).step_time_s for name in ("bfd", "kk"))
+
+
+def test_no_cap_past_memorys_bound_where_the_bound_allows_no_doubling():
+    from slimpack.config import ParallelConfig, TrainConfig, build_config
+    from slimpack.cost import CostModel
+    from slimpack.strategies.micro_batches import memory_token_cap, micro_batch_caps
+
+    # the planner-latency layout: 128K contexts, memory holds about one context per micro-batch
+    long = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, dp=8),
+                        train=TrainConfig(max_context=131072, global_batch_tokens=16 * 2**20))
+    assert memory_token_cap(CostModel(long)) < 2 * 131072
+    assert micro_batch_caps(long) == [131072]
+    # a replica's tokens bound the cap past memory's too: at 65,536 tokens per replica nothing
+    # lies past the last doubling within the bound (122,600 tokens here)
+    short = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=1, dp=4),
+                         train=TrainConfig(max_context=4096, global_batch_tokens=262144))
+    assert micro_batch_caps(short) == [4096, 8192, 16384, 32768, 65536]
+
