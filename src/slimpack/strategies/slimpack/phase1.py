@@ -44,7 +44,8 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     # memory-bound items first (they cannot run otherwise), then outliers by cost; an item that is
     # neither would end the loop below, so only these are sorted
     outlier = merge_share * share
-    needy = [i for i in range(len(costs)) if min_ways[i] > 1 or costs[i] / outlier > 1]
+    # (picked out in numpy: the same divisions, over the 10^5 samples of a batch on thousands of GPUs)
+    needy = np.flatnonzero((np.asarray(min_ways) > 1) | (np.asarray(costs, dtype=np.float64) / outlier > 1)).tolist()
     by_need = sorted(needy, key=lambda i: (-(min_ways[i] > 1), -costs[i], i))
     for item in by_need:
         if min_ways[item] > dp - used:
