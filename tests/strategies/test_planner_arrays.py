@@ -1,8 +1,5 @@
 """The planner's shortcuts give, bit for bit, what the plain per-item loops give: whole-piece costs in
-one call, a schedule's peak memory as a cumulative sum, cutting with running sums in C, and the
-groups' formations counted in numpy."""
-
-from collections import Counter
+one call, a schedule's peak memory as a cumulative sum, and cutting with running sums in C."""
 
 import numpy as np
 from hypothesis import given, settings
@@ -20,7 +17,6 @@ from slimpack.strategies.slimpack.cutting import (
     overflow,
     piece_costs,
 )
-from slimpack.strategies.slimpack.groups import formations
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
 
 
@@ -110,13 +106,3 @@ def test_cutting_equals_the_one_piece_at_a_time_loop(lengths, num_groups, from_e
     groups, positions = cut_into_groups_with_positions(pieces, num_groups, cost, rules, from_end=from_end)
     new_ends = {(s.sample_id, s.end) for group in groups for s in group} - {(s.sample_id, s.end) for s in pieces}
     assert sorted((sid, t) for sid, points in positions.items() for t in points) == sorted(new_ends)
-
-
-@given(st.lists(st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 3)), max_size=6), min_size=1, max_size=8))
-def test_formations_equal_counting_each_groups_samples(groups):
-    forward = tuple(tuple(Slice(sid, k, k + 1) for sid, k in group) for group in groups)
-    ids = [{s.sample_id for s in group} for group in forward]
-    groups_of = Counter(sid for group_ids in ids for sid in group_ids)
-    expected = tuple("pack" if all(groups_of[sid] == 1 for sid in group_ids) else "slim" if len(group_ids) == 1
-                     else "mix" for group_ids in ids)
-    assert formations(forward) == expected

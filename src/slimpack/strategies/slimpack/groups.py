@@ -11,10 +11,7 @@ from collections.abc import Sequence
 from itertools import chain, compress, count
 from operator import itemgetter
 
-import numpy as np
-
 from slimpack.plan.types import Group, Slice
-from slimpack.schedule.actions import slice_columns
 from slimpack.strategies.slimpack.cutting import CutRules, SliceCost, cut_into_groups_with_positions
 
 
@@ -104,16 +101,14 @@ def symmetric_backward(forward: Sequence[Group]) -> tuple[Group, ...]:
 def formations(forward: Sequence[Group]) -> tuple[str, ...]:
     """slim: pieces of one sample that spans several groups; pack: only samples entirely inside
     the group; mix: anything else (a sliced sample's piece plus other samples)."""
-    if not forward:
-        return ()
-    # in numpy (every pipeline of every step): each (group, sample) pair once, then per sample the
-    # number of groups that hold it
-    sizes = np.fromiter(map(len, forward), dtype=np.int64, count=len(forward))
-    ids, sample = np.unique(slice_columns(chain.from_iterable(forward), int(sizes.sum()))[0], return_inverse=True)
-    pairs = np.unique(np.repeat(np.arange(len(forward)), sizes) * len(ids) + sample)
-    pair_group, pair_sample = pairs // len(ids), pairs % len(ids)
-    sliced = np.bincount(pair_sample, minlength=len(ids))[pair_sample] > 1  # per pair: its sample spans groups
-    samples_in = np.bincount(pair_group, minlength=len(forward))
-    holds_sliced = np.bincount(pair_group, weights=sliced, minlength=len(forward)) > 0
-    return tuple("pack" if not cut else "slim" if count == 1 else "mix"
-                 for cut, count in zip(holds_sliced.tolist(), samples_in.tolist(), strict=True))
+    ids = [set(map(itemgetter(0), group)) for group in forward]  # (in C: every pipeline of every step)
+    groups_of = Counter(chain.from_iterable(ids))  # groups holding each sample
+    out = []
+    for group_ids in ids:
+        if all(groups_of[sid] == 1 for sid in group_ids):
+            out.append("pack")
+        elif len(group_ids) == 1:
+            out.append("slim")
+        else:
+            out.append("mix")
+    return tuple(out)

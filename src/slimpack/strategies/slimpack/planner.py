@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -330,17 +330,9 @@ class SlimPackPlanner:
         """The pipelines that decide a candidate's score, the most loaded first: the most loaded
         ones (step time) and the ones with the longest sample or the most tokens (peak memory)."""
         heavy = sorted(range(len(bins)), key=lambda b: (-bins[b].load / len(bins[b].replicas), b))
-        # every bin's token sum and longest sample in numpy, over segments of one array (the items
-        # of a batch on thousands of GPUs are 10^5): an empty bin holds 0 and 0
-        sizes = np.fromiter((len(b.items) for b in bins), dtype=np.int64, count=len(bins))
-        held = self._lengths[np.fromiter(chain.from_iterable(b.items for b in bins), dtype=np.intp,
-                                         count=int(sizes.sum()))]
-        starts = (np.cumsum(sizes) - sizes)[sizes > 0]
-        sums, most = np.zeros(len(bins), dtype=np.int64), np.zeros(len(bins), dtype=np.int64)
-        if len(starts):
-            sums[sizes > 0], most[sizes > 0] = np.add.reduceat(held, starts), np.maximum.reduceat(held, starts)
-        tokens_of = [int(t) / len(b.replicas) for t, b in zip(sums.tolist(), bins, strict=True)]
-        longest = [int(m) / len(b.replicas) for m, b in zip(most.tolist(), bins, strict=True)]
+        held = [self._lengths[list(b.items)] for b in bins]
+        tokens_of = [int(h.sum()) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
+        longest = [int(h.max(initial=0)) / len(b.replicas) for h, b in zip(held, bins, strict=True)]
         merged = {b for b in range(len(bins)) if len(bins[b].replicas) > 1}  # their speed is estimated
         picked = {*heavy[:SCORE_PIPELINES], max(range(len(bins)), key=lambda b: (tokens_of[b], -b)),
                   max(range(len(bins)), key=lambda b: (longest[b], -b)), *merged}
