@@ -112,6 +112,20 @@ def test_the_slice_table_of_the_same_groups_is_computed_once_and_cannot_be_chang
     assert slice_table(changing, changing)[1].tolist() == [0, 1, 0]
 
 
+def test_the_slice_tables_kept_hold_at_most_the_budgets_slices(monkeypatch):
+    from slimpack.schedule import dag
+
+    monkeypatch.setattr(dag, "SLICE_TABLES_KEPT", 5)
+    first = ((Slice(0, 0, 10), Slice(0, 10, 20), Slice(1, 0, 5)),)
+    second = ((Slice(2, 0, 10),), (Slice(3, 0, 10), Slice(3, 10, 20)))
+    table = slice_table(first, first)
+    assert slice_table(first, first) is table  # 3 slices: kept
+    slice_table(second, second)  # 3 more: over the budget, the oldest goes
+    assert slice_table(first, first) is not table
+    too_big = tuple((Slice(4, k, k + 1),) for k in range(6))
+    assert slice_table(too_big, too_big) is not slice_table(too_big, too_big)  # never kept
+
+
 @given(_groupings(), st.integers(1, 4), st.integers(1, 2), st.randoms(use_true_random=False))
 def test_the_graph_has_the_edges_of_the_dependency_rule(groupings, pp, chunks, rng):
     forward, backward = groupings

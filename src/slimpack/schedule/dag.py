@@ -137,11 +137,13 @@ def _group_pairs(first: np.ndarray, second: np.ndarray, keep: np.ndarray | None,
     return list(zip((codes // span).tolist(), (codes % span).tolist(), strict=True))
 
 
-SLICE_TABLES_KEPT = 256
-"""How many pipelines' slice tables ``slice_table`` keeps: the planner orders a pipeline when it
-builds it (``builders.backward_needs``) and the simulator reads the same groups when it scores it,
-after up to a plan's whole set of pipelines (dp of them) has been built."""
+SLICE_TABLES_KEPT = 1 << 20
+"""How many slices the tables ``slice_table`` keeps may hold together (about 100 MB with the groups
+they keep alive): the planner orders a pipeline when it builds it (``builders.backward_needs``) and
+the simulator reads the same groups when it scores it, after up to a plan's whole set of pipelines
+has been built (at 2048 GPUs and 128K contexts, 64 pipelines of about 2,000 slices each)."""
 _slice_tables: dict[tuple[int, int], tuple[object, object, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+_slice_tables_held = 0  # slices in the tables kept
 _slice_tables_lock = Lock()
 
 
@@ -163,11 +165,14 @@ def slice_table(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequen
     if kept is not None:
         return kept[2]
     table = _slice_table(forward, backward)
-    if _immutable(forward) and _immutable(backward):  # a list could change under the memo
+    if _immutable(forward) and _immutable(backward) and len(table[0]) <= SLICE_TABLES_KEPT:  # a list could change
+        global _slice_tables_held
         with _slice_tables_lock:
-            _slice_tables[key] = (forward, backward, table)
-            while len(_slice_tables) > SLICE_TABLES_KEPT:
-                del _slice_tables[next(iter(_slice_tables))]  # the oldest first
+            if key not in _slice_tables:
+                _slice_tables[key] = (forward, backward, table)
+                _slice_tables_held += len(table[0])
+            while _slice_tables_held > SLICE_TABLES_KEPT:
+                _slice_tables_held -= len(_slice_tables.pop(next(iter(_slice_tables)))[2][0])  # the oldest first
     return table
 
 
