@@ -34,7 +34,7 @@ def micro_batch_caps(config: Config) -> list[int]:
     context.
 
     The bound assumes full micro-batches, and whole-document packers rarely fill theirs. In the
-    baseline-caps sweep (`docs/baseline-caps.md`) a baseline's best cap lay past the bound in 7 of 260
+    baseline-caps sweep (``docs/baseline-caps.md``) a baseline's best cap lay past the bound in 7 of 260
     cells: one doubling past, 0.1-0.8% faster than within it, in the 6 where the bound had allowed a
     doubling; two doublings past in one where it had allowed none (stress cell 190, where SlimPack's
     own plan is faster still). Trying one more cap only where the bound allowed a doubling keeps the

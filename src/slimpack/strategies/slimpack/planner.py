@@ -116,7 +116,9 @@ class SlimPackPlanner:
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
         self._grouped: dict[tuple, tuple[tuple[Group, ...], ...]] = {}
+        """A bin's (forward, backward) groups per shape but its look-ahead, within a step."""
         self._forward: dict[tuple, list[list[Slice]]] = {}
+        """A bin's forward groups per group count, slicing and head weight, within a step."""
         self._linked_caps: dict[int, float] = {}
         self._laid_out: dict[tuple[int, ...], list[Slice]] = {}
         """A bin's samples laid out longest first as whole slices (every shape cuts that sequence)."""
@@ -286,6 +288,7 @@ class SlimPackPlanner:
         return self._forward[key]
 
     def _rules(self, shape: Shape, cp: int) -> CutRules:
+        """The cutting rules of ``shape`` on a pipeline of context-parallel degree ``cp``."""
         return (dataclasses.replace(self.rules, max_linked_tokens=self._linked_cap(cp)) if shape.slicing
                 else dataclasses.replace(self.rules, can_cut=False))
 
