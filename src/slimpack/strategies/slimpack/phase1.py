@@ -94,22 +94,17 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     heaviest_first = np.argsort(-np.asarray(costs, dtype=np.float64), kind="stable").tolist()  # ties: lower index first
     if merged:
         heaviest_first = [i for i in heaviest_first if i not in merged]
-    if len(heaps) == 1:  # one pipeline width: every bin is wide enough (the loop without a choice of heap,
-        heap = next(iter(heaps.values()))  # for the 10^5 samples of a batch on thousands of GPUs)
-        for item in heaviest_first:
-            load, target = heap[0]
-            members[target].append(item)
-            heapq.heapreplace(heap, (load + costs[item], target))  # pop the lightest, push it back heavier
-        for load, target in heap:
-            loads[target] = load
-    else:
-        for item in heaviest_first:
+    only = next(iter(heaps)) if len(heaps) == 1 else None  # one pipeline width: every bin is wide enough
+    for item in heaviest_first:
+        if only is not None:
+            w = only
+        else:
             wide_enough = [w for w in heaps if len(bins_replicas[heaps[w][0][1]]) >= need[item]]
             w = min(wide_enough, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
-            load, target = heaps[w][0]
-            members[target].append(item)
-            loads[target] = load + costs[item]
-            heapq.heapreplace(heaps[w], (loads[target], target))
+        load, target = heaps[w][0]
+        members[target].append(item)
+        loads[target] = load + costs[item]
+        heapq.heapreplace(heaps[w], (loads[target], target))  # pop the lightest, push it back heavier
     _improve(costs, members, loads, width, merged, need, [len(r) for r in bins_replicas])
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 
