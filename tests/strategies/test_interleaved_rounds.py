@@ -10,6 +10,7 @@ from slimpack.plan.types import Sample, Slice, group_tokens
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
 from slimpack.strategies.base import rounds_of
+from slimpack.strategies.wlb import WLBPlanner
 
 
 def _groups(*token_lists):
@@ -56,3 +57,26 @@ def test_every_whole_sample_baseline_plans_an_interleaved_batch_it_used_to_refus
         check_plan(plan)
         assert all(len(p.forward) % 2 == 0 for p in plan.pipelines), name
         assert simulate(plan).step_time_s > 0
+
+
+def test_wlb_under_interleaving_counts_its_micro_batches_in_rounds_of_pp_even_in_its_drain():
+    """WLB-LLM sets its micro-batch count itself: under interleaving, a multiple of pp per replica,
+    and never more than the documents it packs. pp 2 x vpp 2, dp 2: step 0 queues five 64,000-token
+    outliers (the queue opens only when it holds a document per micro-batch: 12 then). The drain
+    releases them alone: 320,000 tokens call for 3 micro-batches per replica (4 in rounds of pp),
+    but 5 documents cannot fill 8; it used to make 6, i.e. 3 single-document micro-batches on one
+    replica, which no padding can split, and fail ('needs a multiple of pp=2 groups, got 3').
+    Now it packs them into 4 (one round on each replica)."""
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=2, dp=2, virtual_stages=2),
+                          train=TrainConfig(max_context=65536, global_batch_tokens=640_000))
+    planner = WLBPlanner(config, outlier_lengths=[40_000], s_max=200_000)
+    outliers = [Sample(id=i, length=64_000) for i in range(5)]
+    short = [Sample(id=100 + i, length=8_000) for i in range(40)]
+    first = planner.plan(outliers + short, step=0)
+    assert sorted(first.deferred) == list(range(5))
+    assert [len(p.forward) for p in first.pipelines] == [6, 6]
+    drain = planner.plan([], step=1)
+    check_plan(drain)
+    assert [len(p.forward) for p in drain.pipelines] == [2, 2] and not drain.deferred
+    assert sorted(s.id for s in drain.trained_samples) == list(range(5))
+    assert simulate(drain).step_time_s > 0

@@ -12,8 +12,9 @@ Per step:
    of fewest tokens if that has room, else wait for the next step (``packing.least_loaded_fit``).
    Predicted latency is the cost model's forward + backward time of a middle stage (linear and
    attention terms). The number of micro-batches is fixed per step: the new tokens of the step
-   (plus left-overs) over ``tokens_per_micro_batch`` per micro-batch, rounded up, the same on every
-   replica; micro-batches go to replicas in equal numbers balanced on latency (Karmarkar–Karp).
+   (plus left-overs) over ``tokens_per_micro_batch`` per micro-batch, rounded up (under
+   interleaving, to a multiple of pp per replica), the same on every replica; micro-batches go to
+   replicas in equal numbers balanced on latency (Karmarkar–Karp).
 3. **CP sharding** (§5), when cp > 1: per micro-batch, the predicted time of per-document sharding
    (every document split over the cp ranks: the cost model's own CP semantics) against per-sequence
    sharding (the packed sequence cut into 2·cp chunks, rank r holding chunks r and 2cp-1-r); the
@@ -159,12 +160,22 @@ class WLBPlanner:
         for s in batch:
             level = bisect_right(self.outlier_lengths, s.length) - 1
             (self.queues[level] if level >= 0 else pack).append(s)
-        num_micro_batches = dp * math.ceil(nominal / (dp * self.tokens_per_micro_batch))
+        per_replica = math.ceil(nominal / (dp * self.tokens_per_micro_batch))
+        # WLB-LLM sets the count itself, so under interleaving it picks one Megatron's interleaved
+        # 1F1B runs (rounds of pp) rather than padding it afterwards by splitting micro-batches
+        rounds = self.config.parallel.pp if self.config.parallel.virtual_stages > 1 else 1
+        num_micro_batches = dp * rounds * math.ceil(per_replica / rounds)
         for queue in self.queues:
             full = 0 < num_micro_batches <= len(queue)
             take = len(queue) if not batch else (num_micro_batches if full else 0)
             pack.extend(queue[:take])  # oldest first: one per micro-batch
             del queue[:take]
+        if rounds > 1 and len(pack) < num_micro_batches:
+            # fewer documents than micro-batches (the drain of the queues, small batches): some
+            # would stay empty and the rounds of pp break, so fewer, fuller ones (when the
+            # documents make at least one round on every replica)
+            unit = dp * rounds
+            num_micro_batches = max(unit, len(pack) // unit * unit)
         return pack, num_micro_batches
 
     def _cp_choice(self, group: Group) -> str:
