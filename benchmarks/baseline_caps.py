@@ -47,15 +47,15 @@ def _fits(record: dict) -> bool:
     return not record["oom"] and not record["failed"]
 
 
-def capped_records(cell: dict) -> dict[str, dict[int, dict]]:
-    """Per capped baseline, its record at each multiple of the context tried beyond 1."""
+def capped_records(cell: dict, names: tuple[str, ...] = CAPPED) -> dict[str, dict[int, dict]]:
+    """Per capped baseline of ``names``, its record at each multiple of the context tried beyond 1."""
     from stress import cell_config
 
     config = cell_config(cell)
     dataset = load_dataset(cell["dataset"])
     per_replica = config.train.global_batch_tokens // config.parallel.dp
     out: dict[str, dict[int, dict]] = {}
-    for name in CAPPED:
+    for name in names:
         out[name] = {}
         before = cell["strategies"][name]
         for multiple in MULTIPLES:
@@ -89,18 +89,23 @@ def run_cell(kind: str, index: int) -> dict:
     return cell
 
 
-def rerun_slimpack(cell: dict) -> dict:
-    """``cell`` with SlimPack's record of the current code: a stress cell's read from docs/stress
-    (its own sweep re-runs SlimPack), a short cell's planned again here; the commit is noted."""
+def rerun(cell: dict, name: str) -> dict:
+    """``cell`` with ``name``'s records of the current code: at the context's cap, a stress cell's
+    read from docs/stress (its own sweep re-runs a strategy: ``stress.py --rerun``), a short cell's
+    planned again here; a capped baseline's larger caps are run again here. The commit is noted."""
     from stress import cell_config
 
     if cell["kind"] == "stress":
         record = json.loads((ROOT / "docs" / "stress" / f"cell-{cell['index']:04d}.json").read_text())
-        slimpack, commit = record["strategies"]["slimpack"], record.get("rerun", {}).get("slimpack", record["commit"])
+        at_context, commit = record["strategies"][name], record.get("rerun", {}).get(name, record["commit"])
     else:
-        slimpack = run_strategy_in_cell("slimpack", cell_config(cell), load_dataset(cell["dataset"]))
+        at_context = run_strategy_in_cell(name, cell_config(cell), load_dataset(cell["dataset"]))
         commit = head_commit()
-    return {**cell, "strategies": {**cell["strategies"], "slimpack": slimpack}, "slimpack_commit": commit}
+    cell = {**cell, "strategies": {**cell["strategies"], name: at_context},
+            "rerun": {**cell.get("rerun", {}), name: commit}}
+    if name in CAPPED:
+        cell["capped"] = {**cell["capped"], **capped_records(cell, (name,))}
+    return cell
 
 
 def best_cap(cell: dict, name: str) -> tuple[int, float] | None:
@@ -147,9 +152,9 @@ def report(cells: list[dict], command: str) -> str:
              "`plan`, `compare` and `tune`.", "",
              f"Reproduce: `{command}` (then `--report`). Commit(s): "
              f"{', '.join(sorted({c['commit'] for c in cells}))}."]
-    again = sorted({c["slimpack_commit"] for c in cells if "slimpack_commit" in c})
-    if again:
-        lines += [f"SlimPack's records refreshed (`--rerun-slimpack`) at {', '.join(again)}."]
+    for name in sorted({n for c in cells for n in c.get("rerun", {})}):
+        again = sorted({c["rerun"][name] for c in cells if name in c.get("rerun", {})})
+        lines += [f"{name}'s records refreshed (`--rerun {name}`) at {', '.join(again)}."]
     lines += [""]
     for kind, title in (("stress", "Stress cells (contexts 8K-256K)"), ("short", "Short contexts (1K-4K)")):
         group = [c for c in cells if c["kind"] == kind]
@@ -195,9 +200,10 @@ def main() -> None:
     parser.add_argument("--part", default="0/1", help="i/n: run the cells whose position is i modulo n")
     parser.add_argument("--out", default=str(ROOT / "docs" / "baseline-caps"))
     parser.add_argument("--report", action="store_true")
-    parser.add_argument("--rerun-slimpack", action="store_true",
-                        help="refresh SlimPack's record in the cells already run: a stress cell's from "
-                             "docs/stress (run its --rerun slimpack first), a short cell's planned again")
+    parser.add_argument("--rerun", metavar="STRATEGY", choices=("slimpack", *CAPPED),
+                        help="refresh this strategy's records in the cells already run: at the context's "
+                             "cap a stress cell's from docs/stress (run its --rerun first), a short cell's "
+                             "planned again; a baseline's larger caps run again")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,14 +216,15 @@ def main() -> None:
         print(f"{len(cells)} of {len(todo)} cells -> docs/baseline-caps.md")
         return
     part, parts = map(int, args.part.split("/"))
-    if args.rerun_slimpack:
+    if args.rerun:
         for position, (kind, index) in enumerate(todo):
             path = out / f"{kind}-{index:04d}.json"
             if position % parts == part and path.exists():
-                cell = rerun_slimpack(json.loads(path.read_text()))
+                cell = rerun(json.loads(path.read_text()), args.rerun)
                 path.write_text(json.dumps(cell))
-                print(f"{kind} {index}: slimpack {cell['strategies']['slimpack']['tokens_per_s']:,.0f} tokens/s",
-                      flush=True)
+                best = best_cap(cell, args.rerun) if args.rerun in CAPPED else None
+                print(f"{kind} {index}: {args.rerun} {cell['strategies'][args.rerun]['tokens_per_s']:,.0f} tokens/s"
+                      + (f", best x{best[0]} {best[1]:,.0f}" if best else ""), flush=True)
         return
     for position, (kind, index) in enumerate(todo):
         path = out / f"{kind}-{index:04d}.json"
