@@ -152,3 +152,20 @@ def test_screening_ahead_settles_as_the_in_order_search_does():
         ahead.receive(rank, results[rank])
     ahead.settle()
     assert ahead.decided == in_order.decided and ahead.ahead_discarded == 2
+
+
+@pytest.mark.parametrize(("strategy", "speeds", "front"), [
+    ("kk", (30, 90, 100, 50, 70, 97, 40, 60), 2),  # within 5%: 100, 97
+    ("wlb", (30, 90, 100, 50, 70, 97, 40, 60), 4),  # within 35%: 100, 97, 90, 70
+    ("wlb", (99, 90, 100, 80, 70, 97, 95, 85), 6),  # all within 35%, at most twice 3
+])
+def test_a_strategy_that_defers_samples_confirms_twice_as_many_front_runners_within_35_percent(strategy, speeds, front):
+    """wlb's one-step screen ends with the drain of what it held, which the window spreads out."""
+    batches = stream_batches(WIKIPEDIA, BASE, 1)
+    candidates, _ = candidate_layouts(BASE, 4, batches)
+    search = _Search(strategy, candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=True)
+    search.decided = [Trial(layout=layout, status=SIMULATED, tokens_per_s=speed)
+                      for (layout, _), speed in zip(candidates, speeds, strict=False)]
+    search.start_confirming(3, 0.05)
+    assert search.confirm_first == front
+    assert [t.tokens_per_s for t in search.confirm_order] == sorted(speeds, reverse=True)

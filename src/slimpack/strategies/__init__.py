@@ -41,9 +41,13 @@ def make_planner(name: str, config: Config) -> Planner:
     return factory(config)
 
 
+DEFERS_SAMPLES = frozenset({"wlb"})
+"""Strategies that hold samples back from step to step (WLB-LLM's outlier queues): a run of a few
+steps ends with a drain of what they still hold, which a longer run spreads over more steps."""
+
 MICRO_BATCH_CAPPED = frozenset({"fixed", "bfd", "kk", "wlb", "bytescale"})
 """Strategies whose micro-batches hold at most ``TrainConfig.micro_batch_cap`` tokens (SlimPipe
 slices context-length sequences, SlimPack sizes its groups by cost and memory)."""
 
 
-__all__ = ["CUTS_DOCUMENTS", "MICRO_BATCH_CAPPED", "STRATEGIES", "Planner", "make_planner"]
+__all__ = ["CUTS_DOCUMENTS", "DEFERS_SAMPLES", "MICRO_BATCH_CAPPED", "STRATEGIES", "Planner", "make_planner"]
