@@ -27,7 +27,7 @@ from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, build_config, save_c
 from slimpack.strategies import STRATEGIES
 from slimpack.tune import tune
 from slimpack.tune.report import best_rows, protocol, search_summary, to_json, write_report
-from slimpack.tune.search import CONFIRM, CONFIRM_WITHIN
+from slimpack.tune.search import CONFIRM, CONFIRM_WITHIN, DEFERRING_CONFIRM_WITHIN
 
 HELP = "search tp/pp/vpp/stage split/cp/dp/recomputation for each strategy's best layout on N GPUs"
 
@@ -41,14 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context", type=positive_int, metavar="N", help="longest sample in tokens (e.g. 128K)")
     parser.add_argument("--global-batch-tokens", type=positive_int, metavar="N", help="tokens per global batch (e.g. 4M)")
     parser.add_argument("--micro-batch-tokens", type=positive_int, metavar="N",
-                        help="most tokens a baseline packs into one micro-batch (default: the max context; not searched)")
+                        help="most tokens a baseline packs into one micro-batch, the smallest cap tried (default: the "
+                             "max context); larger caps memory allows are tried as layouts of their own")
     parser.add_argument("--seed", type=int, help="seed for batch sampling")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
                         help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
     parser.add_argument("--screen-steps", type=positive_int, default=1, metavar="S",
                         help="consecutive steps each layout is screened over (default 1)")
     parser.add_argument("--confirm", type=non_negative_int, default=CONFIRM, metavar="K",
-                        help=f"front runners per strategy (within {CONFIRM_WITHIN * 100:.0f}%% of its best screened) re-run "
+                        help=f"front runners per strategy (within {CONFIRM_WITHIN * 100:.0f}%% of its best screened; for wlb, "
+                             f"which defers samples, twice as many within {DEFERRING_CONFIRM_WITHIN * 100:.0f}%%) re-run "
                              f"over the warm-up and window below; the best there wins (default {CONFIRM}; 0: "
                              "screening figures only)")
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",

@@ -30,8 +30,8 @@ def micro_batch_caps(config: Config) -> list[int]:
     search): the config's, then doubling from twice the context while plain 1F1B's memory allows it
     and a replica has that many tokens, and one doubling beyond memory's bound where it allowed at
     least one. At short contexts a baseline packing several sequences per micro-batch ran up to 2.3x
-    faster than with one (``docs/baseline-caps.md``); at long ones memory leaves no room above the
-    context.
+    faster than with one (``docs/baseline-caps.md``); at long ones memory seldom leaves room above
+    the context (in the 256-GPU tune tables at 128K and 256K, only with full recomputation).
 
     The bound assumes full micro-batches, and whole-document packers rarely fill theirs. In the
     baseline-caps sweep (``docs/baseline-caps.md``) a baseline's best cap lay past the bound in 7 of 260

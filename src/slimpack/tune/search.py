@@ -61,8 +61,8 @@ share of its best, and twice ``confirm`` of them: its one-step screen ends with 
 long documents it held, which the window spreads over its steps, so the screen ranks its layouts
 far less well. Over the 30 best-vs-best tables of ``docs/tune``, WLB-LLM's confirmed layouts ran
 the window at 0.93-1.44x their screened tokens/s (every other strategy's at most 1.15x); at
-wikipedia 256K on 256 GPUs the layout that ran its window fastest was screened 11% behind its best
-screened, which ran the window 19% slower."""
+wikipedia 256K on 256 GPUs its only front runner within 5% ran the window 19% slower than a layout
+screened 11% behind it."""
 PROTOCOL_WINDOW = Window()
 """The window front runners are confirmed over: the comparison protocol's (``slimpack compare``)."""
 
