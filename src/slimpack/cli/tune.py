@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="consecutive steps each layout is screened over (default 1)")
     parser.add_argument("--confirm", type=non_negative_int, default=CONFIRM, metavar="K",
                         help=f"front runners per strategy (within {CONFIRM_WITHIN * 100:.0f}%% of its best screened; for wlb, "
-                             f"which defers samples, twice as many within {DEFERRING_CONFIRM_WITHIN * 100:.0f}%%) re-run "
+                             f"which defers samples, within {DEFERRING_CONFIRM_WITHIN * 100:.0f}%% and K per micro-batch cap) re-run "
                              f"over the warm-up and window below; the best there wins (default {CONFIRM}; 0: "
                              "screening figures only)")
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",
