@@ -157,13 +157,15 @@ def test_screening_ahead_settles_as_the_in_order_search_does():
 
 @pytest.mark.parametrize(("strategy", "speeds", "front"), [
     ("kk", (30, 90, 100, 50, 70, 97, 40, 60), [100, 97]),  # within 5%
+    ("kk", (99, 100, 98, 99.5, 97, 96, 95.5, 80), [100, 99.5, 99, 98, 97, 96]),  # 95.5: its cap's fourth
     ("wlb", (30, 90, 100, 50, 70, 97, 40, 60), [100, 97, 90, 70]),  # within 35%, 3 per cap
     ("wlb", (99, 90, 100, 80, 70, 97, 95, 85), [100, 99, 97, 95, 90, 85]),  # 80 and 70: their caps' fourth
 ])
-def test_a_strategy_that_defers_samples_confirms_front_runners_within_35_percent_per_cap(strategy, speeds, front):
-    """wlb's one-step screen ends with the drain of what it held, which the window spreads out, and
-    how much that drain costs depends on the cap most: its front runners are taken per cap. The
-    layouts at odd positions get a cap of twice the context."""
+def test_front_runners_are_taken_per_cap_and_within_35_percent_for_a_strategy_that_defers_samples(
+        strategy, speeds, front):
+    """A layout's larger caps can screen within a hair of it and fill the front runners; and wlb's
+    one-step screen ends with the drain of what it held, which the window spreads out. The layouts
+    at odd positions get a cap of twice the context."""
     batches = stream_batches(WIKIPEDIA, BASE, 1)
     candidates, _ = candidate_layouts(BASE, 4, batches)
     layouts = [dataclasses.replace(layout, micro_batch_tokens=2 * 16384 if i % 2 else None)

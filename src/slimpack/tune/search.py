@@ -16,10 +16,10 @@ figures dropped, so the trials, their statuses and the best are the same with an
 workers (only the CPU time spent differs: ``TuneResult.ahead_discarded`` counts such trials).
 
 Confirmation (DESIGN.md §3, comparison protocol): a strategy's screened layouts within
-``confirm_within`` of its best (at most ``confirm``; for a strategy that defers samples, within
-``DEFERRING_CONFIRM_WITHIN`` and per micro-batch cap) are re-run over ``window`` (warm-up steps,
-then the measured window with deferred work carried), and the best on the window's tokens/s wins;
-if none of them runs the window (failed or out of memory), the next screened layout is tried.
+``confirm_within`` of its best (``DEFERRING_CONFIRM_WITHIN`` for a strategy that defers samples),
+at most ``confirm`` per micro-batch cap, are re-run over ``window`` (warm-up steps, then the
+measured window with deferred work carried), and the best on the window's tokens/s wins; if none of
+them runs the window (failed or out of memory), the next screened layout is tried.
 Must not import torch.
 """
 
@@ -57,10 +57,11 @@ screened up to 2.98% behind, so the cut was binding; and a layout screened 3.4% 
 best was 1.8% ahead on the window (wikipedia 128K, 256 GPUs)."""
 DEFERRING_CONFIRM_WITHIN = 0.35
 """For a strategy that defers samples (``DEFERS_SAMPLES``), front runners are the layouts within this
-share of its best, ``confirm`` of them per micro-batch cap: its one-step screen ends with the drain
-of the long documents it held, which the window spreads over its steps, so the screen ranks its
-layouts far less well, and the cap most of all (WLB-LLM opens a queue once it holds a document per
-micro-batch: with few, large micro-batches within the screened step, with many only in the drain).
+share of its best (``confirm`` of them per micro-batch cap, as for every strategy): its one-step
+screen ends with the drain of the long documents it held, which the window spreads over its steps,
+so the screen ranks its layouts far less well, and the cap most of all (WLB-LLM opens a queue once
+it holds a document per micro-batch: with few, large micro-batches within the screened step, with
+many only in the drain).
 Over the 30 best-vs-best tables of ``docs/tune``, WLB-LLM's confirmed layouts ran the window at
 0.93-1.44x their screened tokens/s (every other strategy's at most 1.15x); at wikipedia 256K on 256
 GPUs its only front runner within 5%, at a 1M-token cap, ran the window 19% slower than a layout at
@@ -230,21 +231,22 @@ class _Search:
     # ---- confirmation --------------------------------------------------------------------------
     def start_confirming(self, confirm: int, within: float) -> None:
         """Rank the screened layouts for confirmation, best first, the front runners ahead of the
-        rest: the first ones within ``within`` of the best, at most ``confirm`` (for a strategy
-        that defers samples, within ``DEFERRING_CONFIRM_WITHIN`` and at most ``confirm`` per
-        micro-batch cap)."""
+        rest: the first ones within ``within`` of the best (``DEFERRING_CONFIRM_WITHIN`` for a
+        strategy that defers samples), at most ``confirm`` per micro-batch cap. Per cap, because a
+        layout's larger caps often screen within a hair of it (where they change few
+        micro-batches) and would otherwise fill the front runners with one layout: at textbooks
+        128K on 64 GPUs ByteScale's three were two caps of one layout and a layout out of memory,
+        which left out the layout that ran the window 31% faster."""
         ranked = sorted((t for t in self.decided if t.ok), key=lambda t: -t.tokens_per_s)
-        deferring = self.strategy in DEFERS_SAMPLES
-        within = max(within, DEFERRING_CONFIRM_WITHIN) if deferring else within
+        within = max(within, DEFERRING_CONFIRM_WITHIN) if self.strategy in DEFERS_SAMPLES else within
         top = ranked[0].tokens_per_s if ranked else 0.0
         taken: Counter[int | None] = Counter()
         front: list[Trial] = []
         for trial in ranked:
-            if trial.tokens_per_s < (1 - within) * top or (not deferring and len(front) == confirm):
+            if trial.tokens_per_s < (1 - within) * top:
                 break
-            cap = trial.layout.micro_batch_tokens if deferring else None
-            if taken[cap] < confirm:
-                taken[cap] += 1
+            if taken[trial.layout.micro_batch_tokens] < confirm:
+                taken[trial.layout.micro_batch_tokens] += 1
                 front.append(trial)
         chosen = {id(t) for t in front}
         self.confirm_order = front + [t for t in ranked if id(t) not in chosen]
