@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--screen-steps", type=positive_int, default=1, metavar="S",
                         help="consecutive steps each layout is screened over (default 1)")
     parser.add_argument("--confirm", type=non_negative_int, default=CONFIRM, metavar="K",
-                        help=f"front runners per strategy (within {CONFIRM_WITHIN * 100:.0f}%% of its best screened; for wlb, "
-                             f"which defers samples, within {DEFERRING_CONFIRM_WITHIN * 100:.0f}%% and K per micro-batch cap) re-run "
+                        help=f"front runners per strategy and micro-batch cap (within {CONFIRM_WITHIN * 100:.0f}%% of its best "
+                             f"screened; {DEFERRING_CONFIRM_WITHIN * 100:.0f}%% for wlb, which defers samples) re-run "
                              f"over the warm-up and window below; the best there wins (default {CONFIRM}; 0: "
                              "screening figures only)")
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",

@@ -61,8 +61,7 @@ share of its best (``confirm`` of them per micro-batch cap, as for every strateg
 screen ends with the drain of the long documents it held, which the window spreads over its steps,
 so the screen ranks its layouts far less well, and the cap most of all (WLB-LLM opens a queue once
 it holds a document per micro-batch: with few, large micro-batches within the screened step, with
-many only in the drain).
-Over the 30 best-vs-best tables of ``docs/tune``, WLB-LLM's confirmed layouts ran the window at
+many only in the drain). Over the 30 best-vs-best tables of ``docs/tune``, WLB-LLM's confirmed layouts ran the window at
 0.93-1.44x their screened tokens/s (every other strategy's at most 1.15x); at wikipedia 256K on 256
 GPUs its only front runner within 5%, at a 1M-token cap, ran the window 19% slower than a layout at
 the context's cap screened 11% behind it."""
@@ -242,14 +241,15 @@ class _Search:
         top = ranked[0].tokens_per_s if ranked else 0.0
         taken: Counter[int | None] = Counter()
         front: list[Trial] = []
+        rest: list[Trial] = []
         for trial in ranked:
-            if trial.tokens_per_s < (1 - within) * top:
-                break
-            if taken[trial.layout.micro_batch_tokens] < confirm:
-                taken[trial.layout.micro_batch_tokens] += 1
+            cap = trial.layout.micro_batch_tokens
+            if trial.tokens_per_s >= (1 - within) * top and taken[cap] < confirm:
+                taken[cap] += 1
                 front.append(trial)
-        chosen = {id(t) for t in front}
-        self.confirm_order = front + [t for t in ranked if id(t) not in chosen]
+            else:
+                rest.append(trial)
+        self.confirm_order = front + rest
         self.confirm_first = len(front)
 
     def _confirmed_one(self) -> bool:
