@@ -87,25 +87,35 @@ def test_tune_finds_the_same_best_as_exhaustive_simulation():
 
 
 def test_front_runners_are_confirmed_over_the_comparison_window():
-    # 4 GPUs, 16K context: kk's best screened layout (tp1 cp2) fits step 0's batch but runs out of
-    # memory later in the window, so confirmation moves kk to its next front runner; fixed keeps its pick
     window = Window(warmup_steps=1, steps=8)
     screened = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], confirm=0)
     result = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], window=window, confirm=3, confirm_within=0.03)
     assert result.window == window
-    for before, after in zip(screened.strategies, result.strategies, strict=True):
-        assert after.trials == before.trials  # confirmation does not change the screening
-        front = [t for t in before.trials if t.ok and t.tokens_per_s >= 0.97 * before.best.tokens_per_s]
-        assert [t.layout for t in after.confirmed] == [t.layout for t in sorted(front, key=lambda t: -t.tokens_per_s)][:3]
+    for after in result.strategies:
         best = after.best
         assert best.phase == "window" and best.ok
         # the figure is the comparison protocol's own, over the same window
         row = run_strategy(after.strategy, best.layout.apply(BASE), WIKIPEDIA, window).metrics()
         assert best.tokens_per_s == row.tokens_per_s and best.efficiency == row.efficiency
-    fixed, kk = result.strategies
+    (fixed_before, kk_before), (fixed, kk) = screened.strategies, result.strategies
+    # fixed: confirmation does not change the screening, and its front runners all run the window
+    assert fixed.trials == fixed_before.trials and all(t.ok for t in fixed.confirmed)
+    front = [t for t in fixed.trials if t.ok and t.tokens_per_s >= 0.97 * fixed.screen_best.tokens_per_s]
+    assert [t.layout for t in fixed.confirmed] == [t.layout for t in sorted(front, key=lambda t: -t.tokens_per_s)][:3]
     assert fixed.best.layout == fixed.screen_best.layout
-    assert kk.best.layout != kk.screen_best.layout
+    # 4 GPUs, 16K context: kk's best screened layout (tp1 cp2) fits step 0's batch but runs out of
+    # memory later in the window, so it leaves the running: the layouts its figure pruned whose floors
+    # beat the best that remains are screened after all, and the pick moves on
     assert kk.confirmed[0].layout == kk.screen_best.layout and kk.confirmed[0].status == SIMULATED_OOM
+    failed = {t.layout for t in kk.confirmed if not t.ok}
+    remaining = max(t.tokens_per_s for t in kk.trials if t.ok and t.layout not in failed)
+    tokens = sum(s.length for s in stream_batches(WIKIPEDIA, BASE, 1)[0])
+    before = {t.layout: t for t in kk_before.trials}
+    reopened = [t for t in kk.trials if t != before[t.layout]]
+    assert reopened and all(before[t.layout].status == PRUNED_BY_BOUND and t.ok for t in reopened)
+    assert all(tokens / t.floor_s > remaining for t in reopened)
+    assert all(tokens / t.floor_s <= remaining for t in kk.trials if t.status == PRUNED_BY_BOUND)
+    assert kk.best.layout not in failed and kk.best.layout != kk.screen_best.layout
 
 
 def test_no_layout_fits_is_one_user_error():
@@ -118,10 +128,14 @@ def test_worker_processes_find_what_one_process_finds():
     def summary(result):
         return [[(t.layout, t.status, t.tokens_per_s) for t in (*s.trials, *s.confirmed)] for s in result.strategies]
 
-    one = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], window=Window(warmup_steps=0, steps=2))
-    two = tune(BASE, WIKIPEDIA, 2, ["fixed", "bfd"], window=Window(warmup_steps=0, steps=2), workers=2)
-    assert summary(two) == summary(one)
-    assert [s.strategy for s in two.strategies] == ["fixed", "bfd"]
+    # kk on 4 GPUs: its best screened layout fails the window, which re-opens its screening
+    for gpus, strategies, window in ((2, ["fixed", "bfd"], Window(warmup_steps=0, steps=2)),
+                                     (4, ["kk", "fixed"], Window(warmup_steps=1, steps=8))):
+        one = tune(BASE, WIKIPEDIA, gpus, strategies, window=window, confirm_within=0.03)
+        two = tune(BASE, WIKIPEDIA, gpus, strategies, window=window, confirm_within=0.03, workers=2)
+        assert summary(two) == summary(one)
+        assert [s.strategy for s in two.strategies] == strategies
+    assert any(not t.ok for t in one.strategies[0].confirmed)
 
 
 def test_screening_ahead_settles_as_the_in_order_search_does():
@@ -155,23 +169,26 @@ def test_screening_ahead_settles_as_the_in_order_search_does():
     assert ahead.decided == in_order.decided and ahead.ahead_discarded == 2
 
 
-@pytest.mark.parametrize(("strategy", "speeds", "front"), [
-    ("kk", (30, 90, 100, 50, 70, 97, 40, 60), [100, 97]),  # within 5%
-    ("kk", (99, 100, 98, 99.5, 97, 96, 95.5, 80), [100, 99.5, 99, 98, 97, 96]),  # 95.5: its cap's fourth
-    ("wlb", (30, 90, 100, 50, 70, 97, 40, 60), [100, 97, 90, 70]),  # within 35%, 3 per cap
-    ("wlb", (99, 90, 100, 80, 70, 97, 95, 85), [100, 99, 97, 95, 90, 85]),  # 80 and 70: their caps' fourth
+@pytest.mark.parametrize(("strategy", "speeds", "front", "front_once_the_best_failed"), [
+    ("kk", (30, 90, 100, 50, 70, 97, 40, 60), [100, 97], [97]),  # within 5%
+    # 95.5: its cap's fourth
+    ("kk", (99, 100, 98, 99.5, 97, 96, 95.5, 80), [100, 99.5, 99, 98, 97, 96], [99.5, 99, 98, 97, 96]),
+    ("wlb", (30, 90, 100, 50, 70, 97, 40, 60), [100, 97, 90, 70], [97, 90, 70]),  # within 35%, 3 per cap
+    # 80 and 70: their caps' fourth, until 100 fails the window
+    ("wlb", (99, 90, 100, 80, 70, 97, 95, 85), [100, 99, 97, 95, 90, 85], [99, 97, 95, 90, 85, 70]),
 ])
 def test_front_runners_are_taken_per_cap_and_within_35_percent_for_a_strategy_that_defers_samples(
-        strategy, speeds, front):
+        strategy, speeds, front, front_once_the_best_failed):
     """A layout's larger caps can screen within a hair of it and fill the front runners; and wlb's
     one-step screen ends with the drain of what it held, which the window spreads out. The layouts
-    at odd positions get a cap of twice the context."""
+    at odd positions get a cap of twice the context. A layout that failed the window is out of the
+    running: the front runners are taken from the rest."""
     batches = stream_batches(WIKIPEDIA, BASE, 1)
     candidates, _ = candidate_layouts(BASE, 4, batches)
     layouts = [dataclasses.replace(layout, micro_batch_tokens=2 * 16384 if i % 2 else None)
                for i, (layout, _) in enumerate(candidates[:len(speeds)])]
-    search = _Search(strategy, candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=True)
+    search = _Search(strategy, candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=True, confirm=3,
+                     within=0.05)
     search.decided = [Trial(layout=layout, status=SIMULATED, tokens_per_s=speed) for layout, speed in zip(layouts, speeds, strict=True)]
-    search.start_confirming(3, 0.05)
-    assert [t.tokens_per_s for t in search.confirm_order[:search.confirm_first]] == front
-    assert sorted(t.tokens_per_s for t in search.confirm_order) == sorted(speeds)
+    assert [speeds[rank] for rank in search.front_runners(set())] == front
+    assert [speeds[rank] for rank in search.front_runners({speeds.index(100)})] == front_once_the_best_failed

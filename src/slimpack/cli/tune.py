@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("enumerating layouts", total=None)
         result = tune(base, dataset, args.gpus, strategies, screen_steps=args.screen_steps, confirm=args.confirm,
                       window=Window(warmup_steps=args.warmup, steps=args.steps), workers=args.workers,
-                      on_candidates=lambda n: progress.update(task, total=n * len(strategies)),
+                      on_screen_total=lambda n: progress.update(task, total=n),
                       on_trial=lambda name, trial: progress.update(task, advance=trial.phase == "screen",
                                                                    description=f"{trial.phase}: {name}"))
     out = Console(stderr=args.json == "-", width=200 if not sys.stdout.isatty() else None)

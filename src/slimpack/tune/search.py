@@ -15,11 +15,16 @@ running). A layout screened ahead that the in-order search prunes is recorded as
 figures dropped, so the trials, their statuses and the best are the same with any number of
 workers (only the CPU time spent differs: ``TuneResult.ahead_discarded`` counts such trials).
 
-Confirmation (DESIGN.md §3, comparison protocol): a strategy's screened layouts within
+Confirmation (DESIGN.md §3, comparison protocol), in rounds: a strategy's screened layouts within
 ``confirm_within`` of its best (``DEFERRING_CONFIRM_WITHIN`` for a strategy that defers samples),
 at most ``confirm`` per micro-batch cap, are re-run over ``window`` (warm-up steps, then the
-measured window with deferred work carried), and the best on the window's tokens/s wins; if none of
-them runs the window (failed or out of memory), the next screened layout is tried.
+measured window with deferred work carried), and the best on the window's tokens/s wins. A layout
+that fails the window (out of memory, or a failed schedule) leaves the running: its screened figure
+no longer prunes, so the layouts it pruned are screened after all (their floors may beat the best
+that remains), and the next round confirms the front runners of what is left. Without this, a
+screened best that runs out of memory later in the window would hide every layout its figure
+pruned (WLB-LLM at textbooks 128K on 64 GPUs: its screened best, ``tp1 pp1 dp64``, runs out of
+memory once its queues release the long documents).
 Must not import torch.
 """
 
@@ -75,7 +80,8 @@ class StrategyTuning:
     trials: tuple[Trial, ...]
     """Screening, in the order the search considered the layouts (rising floor)."""
     confirmed: tuple[Trial, ...] = ()
-    """The front runners over the window, in screening order (empty without confirmation)."""
+    """The front runners over the window, in the order they were confirmed: round by round, best
+    screened first (empty without confirmation)."""
 
     @property
     def screen_best(self) -> Trial | None:
@@ -142,8 +148,11 @@ class _Search:
     """One strategy's branch and bound and confirmation, fed trial results in any order."""
 
     def __init__(self, strategy: str, candidates: Sequence[tuple[Layout, Config]],
-                 batches: Sequence[Sequence[Sample]], screen: Window, *, exhaustive: bool) -> None:
+                 batches: Sequence[Sequence[Sample]], screen: Window, *, exhaustive: bool,
+                 window: Window | None = None, confirm: int = CONFIRM, within: float = CONFIRM_WITHIN) -> None:
         self.strategy, self.screen, self.exhaustive = strategy, screen, exhaustive
+        self.window, self.confirm = window, confirm
+        self.within = max(within, DEFERRING_CONFIRM_WITHIN) if strategy in DEFERS_SAMPLES else within
         lengths = [[s.length for s in b] for b in batches]
         self.tokens = sum(map(sum, lengths))
         longest = max(max(b) for b in lengths if b)
@@ -165,16 +174,19 @@ class _Search:
         self.ranked = ranked
         self.decided: list[Trial] = []
         """Screening in rank order: the prefix the in-order search has settled."""
+        self.pruned_at: int | None = None
+        """The rank from which the in-order search pruned by its time floor (None: nothing pruned)."""
         self.results: dict[int, Trial] = {}
         self.submitted: set[int] = set()
         self.best = 0.0
+        """The best screened figure of the layouts still in the running: what the floors prune by."""
         self.ahead_discarded = 0
-        self.confirm_order: list[Trial] = []
-        """Screened layouts to confirm, best first (set when screening is settled)."""
-        self.confirm_first = -1
-        """How many front runners are confirmed together (-1: screening not settled yet)."""
         self.confirmed: dict[int, Trial] = {}
-        self.confirm_submitted = 0
+        """Window trials by rank."""
+        self.confirm_order: list[int] = []
+        """The ranks confirmed or due, in the order they were taken up."""
+        self.confirm_due: list[int] = []
+        self.finished = False
         self.running = 0
 
     # ---- screening -----------------------------------------------------------------------------
@@ -182,17 +194,18 @@ class _Search:
         return self.exhaustive or self.tokens / self.ranked[rank][0] > self.best
 
     def settle(self) -> list[Trial]:
-        """Settle what the in-order search can: the new screening trials, in order."""
+        """Settle what the in-order search can: the new screening trials, in order (the pruned ones
+        are told when the search finishes, since a round of confirmation can re-open them)."""
         new: list[Trial] = []
         while len(self.decided) < len(self.ranked):
             rank = len(self.decided)
             if not self._could_win(rank):  # floors rise and the best only grows: all the rest too
-                pruned = [Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor)
-                          for floor, _, layout, _ in self.ranked[rank:]]
+                self.decided += [Trial(layout=layout, status=PRUNED_BY_BOUND, floor_s=floor)
+                                 for floor, _, layout, _ in self.ranked[rank:]]
+                self.pruned_at = rank
                 self.ahead_discarded += len(self.results)
                 self.results.clear()
-                self.decided += pruned
-                new += pruned
+                self.submitted = {r for r in self.submitted if r < rank}  # a re-opened search submits them anew
                 break
             if rank not in self.results:
                 break
@@ -228,70 +241,72 @@ class _Search:
                     reject_oom=not self.exhaustive)
 
     # ---- confirmation --------------------------------------------------------------------------
-    def start_confirming(self, confirm: int, within: float) -> None:
-        """Rank the screened layouts for confirmation, best first, the front runners ahead of the
-        rest: the first ones within ``within`` of the best (``DEFERRING_CONFIRM_WITHIN`` for a
-        strategy that defers samples), at most ``confirm`` per micro-batch cap. Per cap, because a
-        layout's larger caps often screen within a hair of it (where they change few
-        micro-batches) and would otherwise fill the front runners with one layout: at textbooks
+    def advance(self) -> list[Trial]:
+        """Move the search on as far as the results in allow: settle the screening and, once it and
+        a round of confirmation are done, re-open what a failed front runner pruned or take up the
+        next round. The trials it settled, in order."""
+        new = self.settle()
+        if self.finished or not self.screened or self.confirm_due or len(self.confirmed) < len(self.confirm_order):
+            return new
+        if self.window is not None and self._next_round():
+            return new + self.settle()
+        self.finished = True
+        return new + [t for t in self.decided if t.status == PRUNED_BY_BOUND]
+
+    def _next_round(self) -> bool:
+        """Drop the layouts that failed the window from the running: re-open the screening if the
+        best that remains lets a pruned layout win, else queue the front runners not yet confirmed.
+        False when there is nothing left to do."""
+        failed = {rank for rank, trial in self.confirmed.items() if not trial.ok}
+        self.best = max((t.tokens_per_s for rank, t in enumerate(self.decided) if t.ok and rank not in failed),
+                        default=0.0)
+        if self.pruned_at is not None and self._could_win(self.pruned_at):
+            del self.decided[self.pruned_at:]
+            self.pruned_at = None
+            return True
+        self.confirm_due = [rank for rank in self.front_runners(failed) if rank not in self.confirmed]
+        self.confirm_order += self.confirm_due
+        return bool(self.confirm_due)
+
+    def front_runners(self, failed: set[int]) -> list[int]:
+        """The ranks to have run the window, best screened first: the screened layouts that have
+        not failed it within ``within`` of the best of them, at most ``confirm`` per micro-batch cap.
+        Per cap, because a layout's larger caps often screen within a hair of it (where they change
+        few micro-batches) and would otherwise fill the front runners with one layout: at textbooks
         128K on 64 GPUs ByteScale's three were two caps of one layout and a layout out of memory,
         which left out the layout that ran the window 31% faster."""
-        ranked = sorted((t for t in self.decided if t.ok), key=lambda t: -t.tokens_per_s)
-        within = max(within, DEFERRING_CONFIRM_WITHIN) if self.strategy in DEFERS_SAMPLES else within
-        top = ranked[0].tokens_per_s if ranked else 0.0
+        ranked = sorted((rank for rank, t in enumerate(self.decided) if t.ok and rank not in failed),
+                        key=lambda rank: -self.decided[rank].tokens_per_s)
+        top = self.decided[ranked[0]].tokens_per_s if ranked else 0.0
         taken: Counter[int | None] = Counter()
-        front: list[Trial] = []
-        rest: list[Trial] = []
-        for trial in ranked:
-            cap = trial.layout.micro_batch_tokens
-            if trial.tokens_per_s >= (1 - within) * top and taken[cap] < confirm:
-                taken[cap] += 1
-                front.append(trial)
-            else:
-                rest.append(trial)
-        self.confirm_order = front + rest
-        self.confirm_first = len(front)
-
-    def _confirmed_one(self) -> bool:
-        return any(t.ok for t in self.confirmed.values())
+        front = []
+        for rank in ranked:
+            trial = self.decided[rank]
+            if trial.tokens_per_s >= (1 - self.within) * top and taken[trial.layout.micro_batch_tokens] < self.confirm:
+                taken[trial.layout.micro_batch_tokens] += 1
+                front.append(rank)
+        return front
 
     def next_confirm(self) -> int | None:
-        """The next screened layout to confirm: the front runners together, then, only if none of
-        them ran the window, the next one, one at a time."""
-        n = self.confirm_submitted
-        if n >= len(self.confirm_order):
-            return None
-        if n < self.confirm_first or (len(self.confirmed) == n and not self._confirmed_one()):
-            self.confirm_submitted += 1
-            return n
-        return None
+        return self.confirm_due.pop(0) if self.confirm_due else None
 
-    def confirm_task(self, index: int, window: Window) -> Task:
-        layout = self.confirm_order[index].layout
-        config = next(c for _, _, lay, c in self.ranked if lay == layout)
-        return Task(self.strategy, layout, config, "window", window)
-
-    @property
-    def confirming(self) -> bool:
-        """Whether confirmation trials are still running or due."""
-        if self.confirm_first < 0 or len(self.confirmed) < self.confirm_submitted \
-                or self.confirm_submitted < self.confirm_first:
-            return True
-        return not self._confirmed_one() and self.confirm_submitted < len(self.confirm_order)
+    def confirm_task(self, rank: int) -> Task:
+        _, _, layout, config = self.ranked[rank]
+        assert self.window is not None
+        return Task(self.strategy, layout, config, "window", self.window)
 
     def tuning(self) -> StrategyTuning:
-        confirmed = tuple(t for _, t in sorted(self.confirmed.items()))
+        confirmed = tuple(self.confirmed[rank] for rank in self.confirm_order if rank in self.confirmed)
         return StrategyTuning(strategy=self.strategy, trials=(*self.pruned_first, *self.decided), confirmed=confirmed)
 
 
-def _next_task(searches: Sequence[_Search], window: Window | None) -> tuple[_Search, Task, int] | None:
+def _next_task(searches: Sequence[_Search]) -> tuple[_Search, Task, int] | None:
     """What an idle worker runs: a due confirmation, else the frontier layout of the search with
     the fewest trials running, else a layout screened ahead."""
-    if window is not None:
-        for search in searches:
-            index = search.next_confirm() if search.confirm_first >= 0 else None
-            if index is not None:
-                return search, search.confirm_task(index, window), index
+    for search in searches:
+        rank = search.next_confirm()
+        if rank is not None:
+            return search, search.confirm_task(rank), rank
     for ahead in (False, True):
         for search in sorted(searches, key=lambda s: s.running):
             rank = search.next_screen(ahead=ahead)
@@ -300,45 +315,43 @@ def _next_task(searches: Sequence[_Search], window: Window | None) -> tuple[_Sea
     return None
 
 
-def _run(searches: Sequence[_Search], trials: Trials, window: Window | None, confirm: int, within: float,
-         on_trial: Callable[[str, Trial], None]) -> None:
+def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, Trial], None]) -> None:
     """Keep the workers busy until every search is settled and confirmed."""
     running: dict[Future[Trial], tuple[_Search, Task, int]] = {}
     while True:
         for search in searches:
-            for trial in search.settle():
+            for trial in search.advance():
                 on_trial(search.strategy, trial)
-            if search.screened and window is not None and search.confirm_first < 0:
-                search.start_confirming(confirm, within)
-        while len(running) < trials.workers and (job := _next_task(searches, window)) is not None:
-            search, task, index = job
+        while len(running) < trials.workers and (job := _next_task(searches)) is not None:
+            search, task, rank = job
             search.running += 1
-            running[trials.submit(task)] = (search, task, index)
+            running[trials.submit(task)] = (search, task, rank)
         if not running:
-            assert all(s.screened and not (window is not None and s.confirming) for s in searches)
+            assert all(s.finished for s in searches)
             return
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for future in finished:
-            search, task, index = running.pop(future)
+            search, task, rank = running.pop(future)
             search.running -= 1
             trial = future.result()
             if task.phase == "window":
-                search.confirmed[index] = trial
+                search.confirmed[rank] = trial
                 on_trial(search.strategy, trial)
             else:
-                search.receive(index, trial)
+                search.receive(rank, trial)
 
 
 def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, screen_steps: int = 1,
          window: Window | None = PROTOCOL_WINDOW, confirm: int = CONFIRM, confirm_within: float = CONFIRM_WITHIN,
-         exhaustive: bool = False, workers: int = 1, on_candidates: Callable[[int], None] = lambda n: None,
+         exhaustive: bool = False, workers: int = 1, on_screen_total: Callable[[int], None] = lambda n: None,
          on_trial: Callable[[str, Trial], None] = lambda s, t: None) -> TuneResult:
     """The best layout of each strategy for ``num_gpus`` GPUs; ``base`` gives the model, cluster,
     context, batch and planner settings (its parallel layout and recomputation are searched).
     Layouts are screened over steps ``0 .. screen_steps - 1``; the front runners (``confirm``, 0 =
     none) are confirmed over ``window`` (see the module docstring). ``workers`` > 1 runs trials in
-    that many worker processes. ``on_trial`` hears of each screening trial as the search settles it
-    and of each confirmation as it ends."""
+    that many worker processes. ``on_screen_total`` hears how many screening trials there are (a
+    layout per micro-batch cap searched), ``on_trial`` of each screening trial as the search settles
+    it (the pruned ones when the search finishes) and of each confirmation as it ends."""
     check_strategies(strategies)
     if screen_steps < 1:
         raise UserError(f"--screen-steps must be >= 1, got {screen_steps}")
@@ -351,15 +364,16 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
     if not candidates:
         reasons = "; ".join(f"{n}x {r}" for r, n in skipped.most_common(3))
         raise UserError(f"no layout of {num_gpus} GPUs can hold {base.model.name} ({reasons})")
-    on_candidates(len(candidates))
     screen = Window(warmup_steps=0, steps=screen_steps)
-    searches = [_Search(name, candidates, batches, screen, exhaustive=exhaustive) for name in strategies]
+    searches = [_Search(name, candidates, batches, screen, exhaustive=exhaustive, window=window, confirm=confirm,
+                        within=confirm_within) for name in strategies]
+    on_screen_total(sum(len(s.pruned_first) + len(s.ranked) for s in searches))
     for search in searches:
         for trial in search.pruned_first:
             on_trial(search.strategy, trial)
     trials = Trials(dataset, workers)
     try:
-        _run(searches, trials, window, confirm, confirm_within, on_trial)
+        _run(searches, trials, on_trial)
     finally:
         trials.close()
     return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, screen=screen, window=window,
