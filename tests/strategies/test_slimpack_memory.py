@@ -205,3 +205,21 @@ def test_a_stage_never_holds_more_than_the_smallest_cap_before_it():
             most = max(most, held)
             held -= 1 if action.kind == "B" else 0
         assert most == 1
+
+
+def test_the_fallback_ladder_slices_finer_groups_when_the_search_picked_whole_samples():
+    """Stress cell 10 on the pieces of Megatron's fixed-length cut (qwen2.5-7b, tp 2, pp 2, 128K
+    context, 1M tokens of pydocs): the search picks whole samples in 64 groups (77.3 GiB: the
+    35,018-token piece's group, with its logits, on the last stage), and finer groups without
+    slicing cannot split that piece. 256 sliced groups fit (75.3 of 76.6 GiB)."""
+    from slimpack.strategies.fixed import pack_fixed_length
+
+    config = build_config(model="qwen2.5-7b", parallel=ParallelConfig(tp=2, pp=2, dp=1),
+                          train=TrainConfig(max_context=131072, global_batch_tokens=1 << 20, recompute="selective"))
+    batch = stream_batches(load_dataset("pydocs"), config, 1)[0]
+    pieces, _ = pack_fixed_length(batch, config.train.max_context)
+    plan = make_planner("slimpack", config).plan(pieces, step=0)
+    assert plan.info["slicing"] is False and plan.info["memory_fallback_pipelines"] == 1
+    assert max(len(pipe.forward) for pipe in plan.pipelines) == 4 * plan.info["num_groups"]
+    check_plan(plan)
+    assert not simulate(plan).oom

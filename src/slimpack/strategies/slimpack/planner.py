@@ -513,10 +513,13 @@ class SlimPackPlanner:
     def _fallbacks(self, shape: Shape, ranked: Sequence[Shape]) -> list[Shape]:
         """Shapes to try, in order, for a pipeline that does not fit with ``shape``: the other
         candidates in rank order, then the ladder: no look-ahead, backward groups bounded by the
-        forward ones, symmetric groups, finer groups, whole samples."""
+        forward ones, symmetric groups, finer groups, finer sliced groups, whole samples. Finer
+        groups without slicing cannot split the longest sample, whose group then sets the peak
+        (on the last stage with its logits): the sliced ones can."""
         ladder = [shape._replace(lookahead=0)]
         ladder += [ladder[-1]._replace(backward=mode) for mode in (BOUNDED, SYMMETRIC)]
-        ladder += [ladder[-1]._replace(num_groups=shape.num_groups * f) for f in (2, 4)]
+        finer = [ladder[-1]._replace(num_groups=shape.num_groups * f) for f in (2, 4)]
+        ladder += finer + [s._replace(slicing=True) for s in finer]
         ladder += [ladder[-1]._replace(slicing=False, num_groups=shape.num_groups * f) for f in (1, 2, 4)]
         seen: set[Shape] = {shape}
         return [s for s in [*ranked, *ladder] if not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
