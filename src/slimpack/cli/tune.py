@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--confirm", type=non_negative_int, default=CONFIRM, metavar="K",
                         help=f"front runners per strategy and micro-batch cap (within {CONFIRM_WITHIN * 100:.0f}%% of its best "
                              f"screened; {DEFERRING_CONFIRM_WITHIN * 100:.0f}%% for wlb, which defers samples) re-run "
-                             f"over the warm-up and window below; the best there wins (default {CONFIRM}; 0: "
-                             "screening figures only)")
+                             f"over the warm-up and window below; the best there wins, and one that fails there no "
+                             f"longer prunes the rest (default {CONFIRM}; 0: screening figures only)")
     parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP_STEPS, metavar="W",
                         help=f"unmeasured steps before the confirmation window (default {DEFAULT_WARMUP_STEPS})")
     parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
