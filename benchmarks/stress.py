@@ -11,8 +11,13 @@ lower bound: the max over devices of the device's simulated work, plus the fill 
 forward and the drain after its last backward (the first forward and the last backward group on the
 stages before it) and the gradient sync and optimizer step after it.
 
+The baselines that cut documents (fixed, SlimPipe) train the pieces Megatron's fixed-length cut
+makes of the batch, so less attention than SlimPack on whole documents. For a like-for-like
+comparison with them each cell also has SlimPack planning those same pieces (``slimpack_on_pieces``).
+
     python benchmarks/stress.py --cells 200 --part 0/2       # resumable, in parts; cells in docs/stress/
     python benchmarks/stress.py --cells 200 --rerun slimpack # a strategy again at this commit (after work on it)
+    python benchmarks/stress.py --cells 200 --pieces         # SlimPack on the fixed-length pieces, at this commit
     python benchmarks/stress.py --cells 200 --report         # -> docs/stress.md
 """
 
@@ -32,8 +37,9 @@ from slimpack.config import ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.data import bundled_datasets, load_dataset
 from slimpack.errors import UserError
-from slimpack.sim import SimResult
-from slimpack.strategies import CUTS_DOCUMENTS, STRATEGIES
+from slimpack.sim import SimResult, simulate
+from slimpack.strategies import CUTS_DOCUMENTS, STRATEGIES, make_planner
+from slimpack.strategies.fixed import pack_fixed_length
 from slimpack.strategies.stream import stream_batches
 
 MODELS = ("llama2-7b", "llama2-70b", "llama3-8b", "qwen2.5-7b")
@@ -45,6 +51,8 @@ takes minutes per cell on one core."""
 BASELINES = tuple(name for name in STRATEGIES if name != "slimpack")
 WHOLE_DOCUMENT = tuple(name for name in BASELINES if name not in CUTS_DOCUMENTS)
 """Baselines that train every document whole, as SlimPack does (bfd, kk, wlb, bytescale)."""
+CUTTING = tuple(name for name in BASELINES if name in CUTS_DOCUMENTS)
+"""Baselines that train the pieces of a fixed-length cut (fixed, slimpipe)."""
 
 
 def draw_cell(seed: int, index: int, contexts: tuple[int, ...] = CONTEXTS) -> dict:
@@ -114,14 +122,30 @@ def run_strategy_in_cell(name: str, config, dataset) -> dict:
     first = run.steps[0].result
     # Device-seconds of forward and backward compute over every step that ran (the drain included):
     # a strategy that cuts documents does less attention on the same tokens, and this shows it.
-    record["work_s"] = sum(span.end_s - span.start_s for step in run.steps if step.result is not None
-                           for span in step.result.spans if span.kind in ("F", "B"))
+    record["work_s"] = sum(_work_s(step.result) for step in run.steps if step.result is not None)
     if name == "slimpack" and first is not None:
         record["step_s"] = first.step_time_s
         record["lower_bound_s"] = lower_bound_s(first)
         plan = run.plans[0]
         record["candidate"] = plan.info.get("candidate") if plan is not None else None
     return record
+
+
+def _work_s(result: SimResult) -> float:
+    """Device-seconds of forward and backward compute."""
+    return sum(span.end_s - span.start_s for span in result.spans if span.kind in ("F", "B"))
+
+
+def slimpack_on_pieces(config, dataset) -> dict:
+    """SlimPack's record (one step) planning the pieces the fixed-length cut makes of the cell's batch
+    (``fixed.pack_fixed_length``): the samples fixed and SlimPipe train, so the same attention work."""
+    pieces, _ = pack_fixed_length(stream_batches(dataset, config, 1)[0], config.train.max_context)
+    try:
+        result = simulate(make_planner("slimpack", config).plan(pieces, step=0))
+    except UserError as exc:
+        return {"tokens_per_s": 0.0, "oom": False, "failed": True, "errors": [str(exc)]}
+    return {"tokens_per_s": sum(p.length for p in pieces) / result.step_time_s, "oom": result.oom,
+            "failed": False, "errors": [], "work_s": _work_s(result)}
 
 
 def run_cell(cell: dict) -> dict:
@@ -133,6 +157,7 @@ def run_cell(cell: dict) -> dict:
     for name in STRATEGIES:
         out["strategies"][name] = run_strategy_in_cell(name, config, dataset)
     out["seconds"] = time.perf_counter() - began
+    out["slimpack_on_pieces"] = slimpack_on_pieces(config, dataset)
     return out
 
 
@@ -157,24 +182,32 @@ def _best_fitting(cell: dict, names: tuple[str, ...]) -> tuple[str, float] | Non
     return best, fitting[best]
 
 
-def _slimpack_ok(cell: dict) -> bool:
-    slim = cell["strategies"]["slimpack"]
+def _slimpack_ok(cell: dict, key: str = "slimpack") -> bool:
+    slim = _slimpack(cell, key)
     return not slim["oom"] and not slim["failed"]
 
 
-def summarize(cells: list[dict], names: tuple[str, ...] = BASELINES) -> dict:
-    """The acceptance figures of issue 12 over the cells, against the best of ``names``."""
+def _slimpack(cell: dict, key: str) -> dict:
+    """SlimPack's record: ``slimpack`` (whole documents) or ``slimpack_on_pieces``."""
+    return cell["strategies"]["slimpack"] if key == "slimpack" else cell[key]
+
+
+def summarize(cells: list[dict], names: tuple[str, ...] = BASELINES, key: str = "slimpack") -> dict:
+    """The acceptance figures of issue 12 over the cells, against the best of ``names``: SlimPack
+    on whole documents, or (``key``) on the fixed-length pieces, where a cell has that record."""
+    cells = [c for c in cells if key == "slimpack" or key in c]
     ratios, bounds, oom_where_baseline_fits, baseline_none = [], [], [], 0
     for cell in cells:
-        slim = cell["strategies"]["slimpack"]
+        slim = _slimpack(cell, key)
         best = _best_fitting(cell, names)
-        if best and not _slimpack_ok(cell):
+        ok = _slimpack_ok(cell, key)
+        if best and not ok:
             oom_where_baseline_fits.append(cell["index"])
         if not best:
             baseline_none += 1
-        elif _slimpack_ok(cell):
+        elif ok:
             ratios.append((slim["tokens_per_s"] / best[1], cell["index"]))
-        if _slimpack_ok(cell) and slim.get("lower_bound_s"):
+        if ok and slim.get("lower_bound_s"):
             bounds.append(slim["step_s"] / slim["lower_bound_s"])
     values = sorted(r for r, _ in ratios)
     bounds.sort()
@@ -188,6 +221,27 @@ def summarize(cells: list[dict], names: tuple[str, ...] = BASELINES) -> dict:
         "step_over_lower_bound_median": statistics.median(bounds) if bounds else None,
         "step_over_lower_bound_p5_worst": bounds[min(len(bounds) - 1, round(0.95 * (len(bounds) - 1)))] if bounds else None,
     }
+
+
+def like_for_like(cells: list[dict]) -> tuple[int, list[tuple[float, int]]]:
+    """Over the cells with the pieces' record where SlimPack fits and some baseline fits: how many,
+    and per cell SlimPack's worst ratio to the best baseline on the same work (the best whole-document
+    baseline on the documents, the best cutting one on the pieces; a ratio of 0 where SlimPack fails
+    on the pieces and a cutting baseline fits)."""
+    compared, worst = 0, []
+    for cell in cells:
+        if "slimpack_on_pieces" not in cell or not _slimpack_ok(cell) or not _best_fitting(cell, BASELINES):
+            continue
+        compared += 1
+        ratios = []
+        whole, cutting = _best_fitting(cell, WHOLE_DOCUMENT), _best_fitting(cell, CUTTING)
+        if whole:
+            ratios.append(cell["strategies"]["slimpack"]["tokens_per_s"] / whole[1])
+        if cutting:
+            on_pieces = _slimpack_ok(cell, "slimpack_on_pieces")
+            ratios.append(cell["slimpack_on_pieces"]["tokens_per_s"] / cutting[1] if on_pieces else 0.0)
+        worst.append((min(ratios), cell["index"]))
+    return compared, worst
 
 
 def behind_by_less_work(cells: list[dict]) -> tuple[list[int], list[int]]:
@@ -222,10 +276,18 @@ def report(cells: list[dict], command: str) -> str:
     for name in sorted({n for c in cells for n in c.get("rerun", {})}):
         again = sorted({c.get("rerun", {}).get(name, c.get("commit", "?")) for c in cells})
         lines += [f"{name} ran again (`--rerun {name}`) at {', '.join(again)}."]
+    on_pieces = [c for c in cells if "slimpack_on_pieces" in c]
+    if on_pieces:
+        commits = sorted({c["slimpack_on_pieces"].get("commit", c.get("commit", "?")) for c in on_pieces})
+        lines += [f"SlimPack on the fixed-length pieces (`--pieces`) ran at {', '.join(commits)} "
+                  f"({len(on_pieces)} cells)."]
     lines += [""]
-    for title, names in (("every baseline", BASELINES),
-                         (f"the baselines that train whole documents ({', '.join(WHOLE_DOCUMENT)})", WHOLE_DOCUMENT)):
-        s = summarize(cells, names)
+    sections = (("every baseline", BASELINES, "slimpack"),
+                (f"the baselines that train whole documents ({', '.join(WHOLE_DOCUMENT)})", WHOLE_DOCUMENT, "slimpack"),
+                (f"the baselines that cut documents ({', '.join(CUTTING)}), with SlimPack planning the same pieces "
+                 "(their fixed-length cut of the batch: the same attention work)", CUTTING, "slimpack_on_pieces"))
+    for title, names, key in sections:
+        s = summarize(cells, names, key)
         lines += [
             f"Against {title}:", "",
             f"- cells: **{s['cells']}**; cells where none of them fits or runs: {s['no_baseline_fits']}",
@@ -236,6 +298,14 @@ def report(cells: list[dict], command: str) -> str:
             f"({s['at_least_best_baseline'] / max(1, s['compared']):.1%}); below 0.97x: {len(s['below_0.97'])} "
             f"{s['below_0.97'] or ''}",
             f"- SlimPack / best tokens/s: min {_fmt(s['ratio_min'])}, median {_fmt(s['ratio_median'])}", ""]
+    compared, worst = like_for_like(cells)
+    if compared:
+        behind = sorted(i for r, i in worst if r < 1 - 1e-9)
+        lines += [
+            f"On the same work (each baseline against SlimPack on what that baseline trains: the whole-document "
+            f"ones on the documents, the cutting ones on the pieces), over the {compared} cells where SlimPack and "
+            f"some baseline fit: SlimPack is at least every baseline in **{compared - len(behind)} of {compared}**; "
+            f"behind in {len(behind)} {behind or ''}; worst ratio {_fmt(min(r for r, _ in worst))}.", ""]
     less, not_less = behind_by_less_work(cells)
     lines += [
         f"Where SlimPack is below the best baseline ({len(less) + len(not_less)} cells), that baseline did less "
@@ -251,8 +321,9 @@ def report(cells: list[dict], command: str) -> str:
         f"ignores memory: where nothing else fits, SlimPack often fits only by holding fewer groups in flight, "
         f"which serialises the pipeline (the largest ratios are all such cells).", "",
         "| # | dataset | model | ctx | tok/GPU | tp pp vpp cp dp | recompute | slimpack tok/s | won by | best baseline | "
-        "ratio | its work / SlimPack's | best whole-doc | ratio | step / bound |",
-        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---:|---|---:|---:|"]
+        "ratio | its work / SlimPack's | best whole-doc | ratio | SlimPack on the pieces / best cutting | "
+        "step / bound |",
+        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---:|---|---:|---:|---:|"]
     for cell in sorted(cells, key=lambda c: c["index"]):
         slim = cell["strategies"]["slimpack"]
         slim_text = "OOM" if slim["oom"] else ("failed" if slim["failed"] else f"{slim['tokens_per_s']:,.0f}")
@@ -263,6 +334,9 @@ def report(cells: list[dict], command: str) -> str:
             columns.append(_fmt(slim["tokens_per_s"] / best[1] if best and _slimpack_ok(cell) else None))
             if names is BASELINES:
                 columns.append(_fmt(_work_ratio(cell, best[0]) if best and _slimpack_ok(cell) else None))
+        cutting = _best_fitting(cell, CUTTING)
+        on_pieces = "slimpack_on_pieces" in cell and _slimpack_ok(cell, "slimpack_on_pieces")
+        columns.append(_fmt(cell["slimpack_on_pieces"]["tokens_per_s"] / cutting[1] if cutting and on_pieces else None))
         bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
         lines.append(
             f"| {cell['index']} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "
@@ -284,6 +358,9 @@ def main() -> int:
     parser.add_argument("--out", default="docs/stress", help="folder of per-cell JSON results (resumable; kept in the repo)")
     parser.add_argument("--report", action="store_true", help="write docs/stress.md from the results so far")
     parser.add_argument("--doc", default="docs/stress.md")
+    parser.add_argument("--pieces", action="store_true",
+                        help="run SlimPack on the fixed-length pieces (this checkout) in every finished cell of this "
+                             "part where another commit ran it or none did")
     parser.add_argument("--rerun", metavar="STRATEGY", choices=list(STRATEGIES),
                         help="run this strategy again (this checkout) in every finished cell of this part where another "
                              "commit ran it, keeping the other strategies' records")
@@ -304,10 +381,26 @@ def main() -> int:
         where = "".join(f" --{name} {getattr(args, name)}" for name in ("out", "doc")
                         if getattr(args, name) != parser.get_default(name))
         Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}{where}"))
-        print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT)},
-                         indent=1))
+        print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT),
+                          "cutting, on the pieces": summarize(cells, CUTTING, "slimpack_on_pieces")}, indent=1))
         return 0
     mine = [i for i in range(args.cells) if i % parts == part]
+    if args.pieces:
+        commit = head_commit()
+        for index in mine:
+            path = out / f"cell-{index:04d}.json"
+            if not path.exists():
+                continue
+            cell = json.loads(path.read_text())
+            if cell.get("slimpack_on_pieces", {}).get("commit") == commit:
+                continue
+            cell["slimpack_on_pieces"] = slimpack_on_pieces(cell_config(cell), load_dataset(cell["dataset"])) | {
+                "commit": commit}
+            path.write_text(json.dumps(cell))
+            cutting = _best_fitting(cell, CUTTING)
+            print(f"cell {index}: SlimPack on the pieces {cell['slimpack_on_pieces']['tokens_per_s']:,.0f} tok/s, "
+                  f"best cutting baseline {f'{cutting[0]} {cutting[1]:,.0f}' if cutting else 'none fits'}", flush=True)
+        return 0
     if args.rerun:
         commit = head_commit()
         for index in mine:
