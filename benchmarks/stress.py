@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slimpack.compare.run import Window, run_strategy
@@ -166,6 +167,38 @@ def rerun(cell: dict, name: str, commit: str) -> dict:
     cell["strategies"][name] = run_strategy_in_cell(name, cell_config(cell), load_dataset(cell["dataset"]))
     cell.setdefault("rerun", {})[name] = commit
     return cell
+
+
+def _update_finished(out: Path, indices: list[int], updated_at: Callable[[dict], str | None],
+                     update: Callable[[dict, str], str]) -> None:
+    """Apply ``update`` (it says what changed) to every finished cell of ``indices`` that this
+    checkout's commit has not updated yet (``updated_at``: the commit that last did)."""
+    commit = head_commit()
+    for index in indices:
+        path = out / f"cell-{index:04d}.json"
+        if not path.exists():
+            continue
+        cell = json.loads(path.read_text())
+        if updated_at(cell) == commit:
+            continue
+        line = update(cell, commit)
+        path.write_text(json.dumps(cell))
+        print(f"cell {index}: {line}", flush=True)
+
+
+def _strategy_again(cell: dict, name: str, commit: str) -> str:
+    before = cell["strategies"][name]
+    after = rerun(cell, name, commit)["strategies"][name]
+    return (f"{name} {before['tokens_per_s']:,.0f} -> {after['tokens_per_s']:,.0f} tok/s, "
+            f"OOM {before['oom']} -> {after['oom']}")
+
+
+def _pieces_again(cell: dict, commit: str) -> str:
+    record = slimpack_on_pieces(cell_config(cell), load_dataset(cell["dataset"]))
+    cell["slimpack_on_pieces"] = record | {"commit": commit}
+    cutting = _best_fitting(cell, CUTTING)
+    return (f"SlimPack on the pieces {record['tokens_per_s']:,.0f} tok/s, best cutting baseline "
+            f"{f'{cutting[0]} {cutting[1]:,.0f}' if cutting else 'none fits'}")
 
 
 def head_commit() -> str:
@@ -386,36 +419,11 @@ def main() -> int:
         return 0
     mine = [i for i in range(args.cells) if i % parts == part]
     if args.pieces:
-        commit = head_commit()
-        for index in mine:
-            path = out / f"cell-{index:04d}.json"
-            if not path.exists():
-                continue
-            cell = json.loads(path.read_text())
-            if cell.get("slimpack_on_pieces", {}).get("commit") == commit:
-                continue
-            cell["slimpack_on_pieces"] = slimpack_on_pieces(cell_config(cell), load_dataset(cell["dataset"])) | {
-                "commit": commit}
-            path.write_text(json.dumps(cell))
-            cutting = _best_fitting(cell, CUTTING)
-            print(f"cell {index}: SlimPack on the pieces {cell['slimpack_on_pieces']['tokens_per_s']:,.0f} tok/s, "
-                  f"best cutting baseline {f'{cutting[0]} {cutting[1]:,.0f}' if cutting else 'none fits'}", flush=True)
+        _update_finished(out, mine, lambda cell: cell.get("slimpack_on_pieces", {}).get("commit"), _pieces_again)
         return 0
     if args.rerun:
-        commit = head_commit()
-        for index in mine:
-            path = out / f"cell-{index:04d}.json"
-            if not path.exists():
-                continue
-            cell = json.loads(path.read_text())
-            if cell.get("rerun", {}).get(args.rerun) == commit:
-                continue
-            before = cell["strategies"][args.rerun]
-            cell = rerun(cell, args.rerun, commit)
-            after = cell["strategies"][args.rerun]
-            path.write_text(json.dumps(cell))
-            print(f"cell {index}: {args.rerun} {before['tokens_per_s']:,.0f} -> {after['tokens_per_s']:,.0f} tok/s, "
-                  f"OOM {before['oom']} -> {after['oom']}", flush=True)
+        _update_finished(out, mine, lambda cell: cell.get("rerun", {}).get(args.rerun),
+                         lambda cell, commit: _strategy_again(cell, args.rerun, commit))
         return 0
     for n, index in enumerate(mine, 1):
         path = out / f"cell-{index:04d}.json"
