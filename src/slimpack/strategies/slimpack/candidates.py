@@ -33,13 +33,12 @@ from slimpack.strategies.slimpack.memory import stage_peak_bytes
 BASELINE_CANDIDATES = ("bytescale", "bfd", "kk", "wlb")
 CLEAR_LEAD = 0.05
 """When SlimPack's plan simulates this much faster than its own whole-sample packing (same
-pipelines, same simulator) and memory is not tight, the candidates are not built: the whole-sample
-ones are packings of the same kind, and building and simulating them would double the planner's
-time where SlimPack leads."""
+pipelines, same simulator), the whole-sample candidates are not built: they are packings of the
+same kind, and building and simulating them would double the planner's time where SlimPack leads.
+The slice-level ones are always tried (they are a different schedule, and cheap to give up)."""
 TIGHT_MEMORY = 0.8
 """Where SlimPack's plan fills more than this share of usable memory its schedule is throttled by
-the cap, and slice-level 1F1B (which holds less) may win however clear its lead over whole-sample
-packing: the slice-level candidates are then always tried."""
+the cap (``planner`` then also plans the batch on merged replicas)."""
 KK_MAX_SAMPLES = 8192
 """Karmarkar-Karp's planning time grows with the batch (one core, wikipedia: 0.06-0.23 s at ~8K
 samples, 0.4-0.5 s at ~16.7K, 1.1 s at ~25K, measured while two other processes ran): above this
@@ -166,19 +165,16 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     pipeline fits) or a candidate's plan that the simulator finds faster, or that fits when
     ``plan`` does not (its simulated step in ``info["step_s"]`` too). ``lead``: SlimPack's
     simulated step over its own whole-sample packing's (scored on the same pipelines); with a
-    clear lead the whole-sample candidates are skipped, and the slice-level ones too unless memory
-    is tight. Raises a ``UserError`` when nothing fits."""
+    clear lead the whole-sample candidates are skipped. Raises a ``UserError`` when nothing fits."""
+    if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
+        return plan
+    # with a clear lead the whole-sample baselines are skipped (in the stress sweep none won a cell
+    # where SlimPack's lead over its own whole-sample packing was under 0.987), but slice-level
+    # 1F1B over best-fit sequences still can: where memory is tight (it holds less), and on deep
+    # pipelines with a few long sequences per replica (stress cell 91 on the fixed-length pieces,
+    # pp 8 at 256K: SlimPack's plan led its whole-sample packing by 20% and was 0.948x SlimPipe;
+    # this candidate 0.985x). It costs 0.09 s a step at 256 GPUs (docs/planner-latency.md).
     clear_lead = fitting and lead < 1 - CLEAR_LEAD
-    if fitting:
-        if len(batch) > CANDIDATES_MAX_SAMPLES:
-            return plan
-        tight = max(plan_peaks(plan, cost), default=0.0) > TIGHT_MEMORY * plan.config.cluster.usable_memory_bytes
-        if clear_lead and not tight:
-            return plan
-    # with a clear lead only memory is the reason to look, and whole-sequence 1F1B holds more than
-    # SlimPack's plan: only the slice-level candidates can win there (and in the stress sweep no
-    # whole-sample baseline won a cell where SlimPack's lead over its own whole-sample packing was
-    # under 0.987)
     planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
     # a candidate replaces a fitting plan only if it is strictly faster
     found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
