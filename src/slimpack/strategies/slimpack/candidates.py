@@ -173,7 +173,7 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     # 1F1B over best-fit sequences still can: where memory is tight (it holds less), and on deep
     # pipelines with a few long sequences per replica (stress cell 91 on the fixed-length pieces,
     # pp 8 at 256K: SlimPack's plan led its whole-sample packing by 20% and was 0.948x SlimPipe;
-    # this candidate 0.985x). It costs 0.09 s a step at 256 GPUs (docs/planner-latency.md).
+    # this candidate 0.985x). It costs 0.11 s at the median step at 256 GPUs (docs/planner-latency.md).
     clear_lead = fitting and lead < 1 - CLEAR_LEAD
     planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
     # a candidate replaces a fitting plan only if it is strictly faster
