@@ -256,6 +256,15 @@ def summarize(cells: list[dict], names: tuple[str, ...] = BASELINES, key: str = 
     }
 
 
+def _pieces_over_cutting(cell: dict) -> float | None:
+    """SlimPack on the pieces over the best cutting baseline (None: no record, or none of them
+    fits; 0.0 where SlimPack fails on the pieces and one of them fits)."""
+    cutting = _best_fitting(cell, CUTTING)
+    if "slimpack_on_pieces" not in cell or not cutting:
+        return None
+    return cell["slimpack_on_pieces"]["tokens_per_s"] / cutting[1] if _slimpack_ok(cell, "slimpack_on_pieces") else 0.0
+
+
 def like_for_like(cells: list[dict]) -> tuple[int, list[tuple[float, int]]]:
     """Over the cells with the pieces' record where SlimPack fits and some baseline fits: how many,
     and per cell SlimPack's worst ratio to the best baseline on the same work (the best whole-document
@@ -266,14 +275,9 @@ def like_for_like(cells: list[dict]) -> tuple[int, list[tuple[float, int]]]:
         if "slimpack_on_pieces" not in cell or not _slimpack_ok(cell) or not _best_fitting(cell, BASELINES):
             continue
         compared += 1
-        ratios = []
-        whole, cutting = _best_fitting(cell, WHOLE_DOCUMENT), _best_fitting(cell, CUTTING)
-        if whole:
-            ratios.append(cell["strategies"]["slimpack"]["tokens_per_s"] / whole[1])
-        if cutting:
-            on_pieces = _slimpack_ok(cell, "slimpack_on_pieces")
-            ratios.append(cell["slimpack_on_pieces"]["tokens_per_s"] / cutting[1] if on_pieces else 0.0)
-        worst.append((min(ratios), cell["index"]))
+        whole, on_pieces = _best_fitting(cell, WHOLE_DOCUMENT), _pieces_over_cutting(cell)
+        ratios = [cell["strategies"]["slimpack"]["tokens_per_s"] / whole[1]] if whole else []
+        worst.append((min(ratios + ([on_pieces] if on_pieces is not None else [])), cell["index"]))
     return compared, worst
 
 
@@ -367,9 +371,8 @@ def report(cells: list[dict], command: str) -> str:
             columns.append(_fmt(slim["tokens_per_s"] / best[1] if best and _slimpack_ok(cell) else None))
             if names is BASELINES:
                 columns.append(_fmt(_work_ratio(cell, best[0]) if best and _slimpack_ok(cell) else None))
-        cutting = _best_fitting(cell, CUTTING)
-        on_pieces = "slimpack_on_pieces" in cell and _slimpack_ok(cell, "slimpack_on_pieces")
-        columns.append(_fmt(cell["slimpack_on_pieces"]["tokens_per_s"] / cutting[1] if cutting and on_pieces else None))
+        on_pieces = _pieces_over_cutting(cell)
+        columns.append(_fmt(on_pieces or None))  # failed on the pieces: no ratio
         bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
         lines.append(
             f"| {cell['index']} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "

@@ -36,9 +36,6 @@ CLEAR_LEAD = 0.05
 pipelines, same simulator), the whole-sample candidates are not built: they are packings of the
 same kind, and building and simulating them would double the planner's time where SlimPack leads.
 The slice-level ones are always tried (they are a different schedule, and cheap to give up)."""
-TIGHT_MEMORY = 0.8
-"""Where SlimPack's plan fills more than this share of usable memory its schedule is throttled by
-the cap (``planner`` then also plans the batch on merged replicas)."""
 KK_MAX_SAMPLES = 8192
 """Karmarkar-Karp's planning time grows with the batch (one core, wikipedia: 0.06-0.23 s at ~8K
 samples, 0.4-0.5 s at ~16.7K, 1.1 s at ~25K, measured while two other processes ran): above this

@@ -45,7 +45,6 @@ from slimpack.schedule.default import activation_cap_tokens, interleaved_order
 from slimpack.sim import pipelines_step_and_peak, pipelines_step_time, step_time
 from slimpack.strategies.slimpack.candidates import (
     CANDIDATES_MAX_SAMPLES,
-    TIGHT_MEMORY,
     plan_peaks,
     safest_plan,
 )
@@ -64,6 +63,9 @@ MERGE_SHARES = (None, 1.0, 0.5)
 LOOKAHEADS = (0, 2)
 """Extra forwards a stage may run ahead of 1F1B (memory permitting); the search adds the look-ahead
 that the best shape's longest chain of sliced samples asks for (``_chain_lookahead``)."""
+TIGHT_MEMORY = 0.8
+"""Where SlimPack's plan fills more than this share of usable memory its schedule is throttled by
+the cap, and the batch is also planned on merged replicas (``_on_merged_replicas``)."""
 HEAVY_HEAD = 0.05
 """Try balancing for the last stage when the LM head adds more than this to its per-token work."""
 SCORE_PIPELINES = 2
