@@ -2,6 +2,8 @@
 those built rule it out: exact only if the pipelines are the plan's and a plan is never faster than
 any of its pipelines alone."""
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,6 +63,46 @@ def test_sliced_sequences_are_spread_over_replicas_by_flops_not_dealt_in_turn():
     held = {r: sorted(lengths[s.sample_id] for g in pipe.forward for s in g if s.start == 0)
             for r, pipe in candidate.pipelines()}
     assert held == {0: [26000, 32768], 1: [28000, 30000]}
+
+
+def test_dealing_documents_first_balances_what_dealing_whole_sequences_cannot():
+    # best-fit-decreasing makes three full sequences: two 32K documents and one of 64 short ones.
+    # Dealt whole, one replica gets a long document and the short sequence (0.25 of the FLOPs left
+    # to the other); dealt as documents first, each replica gets a long one and half of the short
+    cfg = config(pp=2, dp=2, max_context=32768)
+    lengths = [32768, 32768] + [512] * 64
+    batch = [Sample(id=i, length=n) for i, n in enumerate(lengths)]
+    cost = CostModel(cfg)
+    candidates = sliced_sequence_plans(batch, 0, cfg)
+    plans = [c.assemble([pipe for _, pipe in sorted(c.pipelines())]) for c in candidates]
+    assert {p.info["spread"] for p in plans} == {"sequences", "documents"}
+    tokens = {p.info["spread"]: sorted(sum(s.tokens for g in pipe.forward for s in g) for pipe in p.pipelines)
+              for p in plans}
+    assert tokens == {"sequences": [32768, 65536], "documents": [49152, 49152]}
+    step = {spread: min(simulate(p, cost).step_time_s for p in plans if p.info["spread"] == spread)
+            for spread in ("sequences", "documents")}
+    assert step["documents"] < 0.9 * step["sequences"]
+    # with one replica there is nothing to deal: one spread only
+    assert {c.assemble([pipe for _, pipe in c.pipelines()]).info["spread"]
+            for c in sliced_sequence_plans(batch, 0, config(pp=2, dp=1, max_context=32768))} == {"sequences"}
+
+
+def test_the_last_winning_sliced_candidate_is_tried_first_and_kept_in_the_state():
+    from slimpack.strategies.slimpack.planner import SlimPackPlanner
+
+    cfg = config(pp=4, dp=4, max_context=32768)
+    batch = synthetic_batch(5, 1_600_000, 32768)
+    keys = [(p.info["spread"], p.info["num_slices"]) for p in
+            (c.assemble([pipe for _, pipe in sorted(c.pipelines())])
+             for c in sliced_sequence_plans(batch, 0, cfg, first=("sequences", 8)))]
+    assert keys[0] == ("sequences", 8) and len(set(keys)) == len(keys) == 10  # 2 spreads x n = 2..32
+    planner = SlimPackPlanner(cfg)
+    plan = planner.plan(batch, step=0)
+    won = plan.info[plan.info["candidate"]]  # here the slice-level candidate beats SlimPack's own plan
+    assert planner.state_dict()["sliced_first"] == [won["spread"], won["num_slices"]]
+    restored = SlimPackPlanner(cfg)
+    restored.load_state_dict(json.loads(json.dumps(planner.state_dict())))
+    assert restored.state_dict() == planner.state_dict()
 
 
 def test_at_a_short_context_slimpack_is_not_behind_a_baseline_with_fuller_micro_batches():

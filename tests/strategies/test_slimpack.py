@@ -295,7 +295,7 @@ def test_asymmetric_backward_groups_are_balanced_on_backward_cost(monkeypatch):
     config = _config(pp=4, dp=1, context=65536, use_milp=False)
     batch = [Sample(id=0, length=65536)] + [Sample(id=i, length=1500 + 37 * i) for i in range(1, 200)]
     # SlimPack's own plan: on this batch its slice-level 1F1B candidate simulates faster and would replace it
-    monkeypatch.setattr(candidates, "sliced_sequence_plans", lambda *args: [])
+    monkeypatch.setattr(candidates, "sliced_sequence_plans", lambda *args, **kwargs: [])
     plan = make_planner("slimpack", config).plan(batch, step=0)
     result = simulate(plan)
     backward = result.backward_group_times_s[0]

@@ -6,6 +6,7 @@ hold samples back (WLB-LLM's outlier queues) keep their state between steps; the
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any, Protocol
@@ -89,11 +90,12 @@ def cut_to_context(batch: Sequence[Sample], context: int) -> list[Sample]:
 
 def lpt_assign(loads: Sequence[float], bins: int) -> list[int]:
     """Longest-processing-time-first: each item, heaviest first, goes to the least loaded bin
-    (Graham, 1969; ties broken by the lower bin index, so results are deterministic)."""
-    totals = [0.0] * bins
+    (Graham, 1969; ties broken by the lower bin index, so results are deterministic). The bins are a
+    heap of (load, bin), so a 16K-document batch over many replicas costs O(n log bins)."""
+    heap = [(0.0, b) for b in range(bins)]
     owner = [0] * len(loads)
     for item in sorted(range(len(loads)), key=lambda i: (-loads[i], i)):
-        target = min(range(bins), key=lambda b: (totals[b], b))
+        total, target = heap[0]
         owner[item] = target
-        totals[target] += loads[item]
+        heapq.heapreplace(heap, (total + loads[item], target))
     return owner

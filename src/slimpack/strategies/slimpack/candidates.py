@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
-from slimpack.plan.types import PipelinePlan, Plan, Sample, group_tokens
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens
 from slimpack.sim import pipelines_step_time
 from slimpack.strategies.base import cut_to_context, lpt_assign, whole
 from slimpack.strategies.micro_batches import micro_batch_caps
@@ -98,36 +100,68 @@ class Candidate:
         return Candidate(pipelines=lambda: enumerate(plan.pipelines), assemble=lambda _: plan)
 
 
-def sliced_sequence_plans(batch: Sequence[Sample], step: int, config) -> list[Candidate]:
+SEQUENCE_SPREADS = ("documents", "sequences")
+"""How ``sliced_sequence_plans`` spreads the batch over the replicas. Neither wins everywhere: over
+the 200 stress cells (slice-level candidate alone, on the documents and on the fixed-length pieces),
+dealing the documents was faster in 68 cases (1.5-3.9% at stress cell 8 and up to 1.96x at cell
+182, where two long sequences went to one replica), dealing the sequences in 14 (up to 1.1%: the
+documents can leave one replica with an extra, part-filled sequence)."""
+
+
+def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
+                          first: tuple[str, int] | None = None) -> list[Candidate]:
     """SlimPipe's slice-level 1F1B over whole documents: best-fit-decreasing sequences (each within
-    the context), spread over the replicas by their FLOPs (longest-processing-time first), each
-    cut into n slices of equal cost (n > 1). Where memory is tight this holds far fewer activations
-    than 1F1B over whole sequences, and unlike SlimPipe itself no document is cut at a sequence
-    boundary. Their pipelines are built the most tokens first (the likeliest to rule a candidate
-    out)."""
+    the context), each cut into n slices of equal cost (n > 1). Where memory is tight this holds far
+    fewer activations than 1F1B over whole sequences, and unlike SlimPipe itself no document is cut
+    at a sequence boundary. Two ways to spread the documents over the replicas (one with a single
+    replica): the sequences of the whole batch dealt by their FLOPs, and the documents dealt by
+    their FLOPs, then packed into sequences on each replica (``_replica_sequences``). Their
+    pipelines are built the most tokens first (the likeliest to rule a candidate out). ``first``:
+    the (spread, slice count) to put first, the previous step's winner (consecutive batches are
+    alike): tried first, it sets the bar the others are given up against after fewer pipelines."""
     from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
 
     if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
         return []
     planner = SlimPipePlanner(config)
-    context = config.train.max_context
-    samples = cut_to_context(batch, context)
-    bins = best_fit_decreasing([s.length for s in samples], context)
-    flops = [sum(float(model_training_flops(config.model, samples[i].length)) for i in b) for b in bins]
-    # by FLOPs, not round-robin: best-fit-decreasing puts the longest documents (the most attention)
-    # in the first sequences, and dealing those in turn gives the first replica the heavier of
-    # every pair (stress cell 67: 3.62 s against 3.45 s for SlimPipe's equal fixed-length sequences)
-    owner = lpt_assign(flops, config.parallel.dp)
-    order = sorted(range(len(bins)), key=lambda b: (-flops[b], b))
-    own = [[[whole(samples[i]) for i in bins[b]] for b in order if owner[b] == r] for r in range(config.parallel.dp)]
-    tokens = [sum(map(group_tokens, sequences)) for sequences in own]
-    heavy_first = sorted(range(len(own)), key=lambda r: (-tokens[r], r))
+    samples = cut_to_context(batch, config.train.max_context)
+    spreads = SEQUENCE_SPREADS if config.parallel.dp > 1 else ("sequences",)  # one replica: the same plan
 
-    def pipelines(n: int) -> Iterator[tuple[int, PipelinePlan]]:
-        return ((r, planner.pipeline(own[r], r, n)) for r in heavy_first)
+    def pipelines(own: list[list[list[Slice]]], n: int) -> Iterator[tuple[int, PipelinePlan]]:
+        tokens = [sum(map(group_tokens, sequences)) for sequences in own]
+        return ((r, planner.pipeline(own[r], r, n)) for r in sorted(range(len(own)), key=lambda r: (-tokens[r], r)))
 
-    return [Candidate(pipelines=partial(pipelines, n), assemble=partial(planner.assemble, samples, n=n, step=step))
-            for n in planner.candidates if n > 1]
+    def assemble(spread: str, n: int, built: list[PipelinePlan]) -> Plan:
+        plan = planner.assemble(samples, built, n, step)
+        return dataclasses.replace(plan, info={**plan.info, "spread": spread})
+
+    owned = {spread: _replica_sequences(samples, spread, config) for spread in spreads}
+    keys = sorted(((spread, n) for spread in spreads for n in planner.candidates if n > 1), key=lambda k: k != first)
+    return [Candidate(pipelines=partial(pipelines, owned[spread], n), assemble=partial(assemble, spread, n))
+            for spread, n in keys]
+
+
+def _replica_sequences(samples: Sequence[Sample], spread: str, config) -> list[list[list[Slice]]]:
+    """Per replica, its sequences (best-fit-decreasing within the context), heaviest first.
+    ``sequences``: the batch is packed, then its sequences dealt by their FLOPs; ``documents``: the
+    documents are dealt by their FLOPs, then each replica packs its own. Both deal by FLOPs
+    (longest-processing-time first), not round-robin: best-fit-decreasing puts the longest
+    documents (the most attention) in the first sequences, and dealing those in turn gives the first
+    replica the heavier of every pair (stress cell 67: 3.62 s against 3.45 s for SlimPipe's equal
+    fixed-length sequences)."""
+    context, dp = config.train.max_context, config.parallel.dp
+    lengths = np.array([s.length for s in samples], dtype=np.int64)
+    flops = model_training_flops(config.model, lengths.astype(np.float64))
+    if spread == "documents":
+        owner = np.asarray(lpt_assign(flops.tolist(), dp))
+        mine = [np.flatnonzero(owner == r) for r in range(dp)]
+        bins = [[mine[r][b].tolist() for b in best_fit_decreasing(lengths[mine[r]].tolist(), context)]
+                for r in range(dp)]
+    else:
+        every = best_fit_decreasing(lengths.tolist(), context)
+        owner = np.asarray(lpt_assign([float(flops[b].sum()) for b in every], dp))
+        bins = [[b for b, o in zip(every, owner.tolist(), strict=True) if o == r] for r in range(dp)]
+    return [[[whole(samples[i]) for i in b] for b in sorted(own, key=lambda b: -flops[b].sum())] for own in bins]
 
 
 def fastest_fitting(candidates: Sequence[Candidate], cost: CostModel, *, beat: float = float("inf")
@@ -157,12 +191,14 @@ def _kept(pipelines: Iterator[tuple[int, PipelinePlan]], into: dict[int, Pipelin
         yield index, pipe
 
 
-def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float) -> Plan:
+def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting: bool, lead: float,
+                sliced_first: tuple[str, int] | None = None) -> Plan:
     """``plan`` (SlimPack's, with its simulated step in ``info["step_s"]``; ``fitting``: every
     pipeline fits) or a candidate's plan that the simulator finds faster, or that fits when
     ``plan`` does not (its simulated step in ``info["step_s"]`` too). ``lead``: SlimPack's
     simulated step over its own whole-sample packing's (scored on the same pipelines); with a
-    clear lead the whole-sample candidates are skipped. Raises a ``UserError`` when nothing fits."""
+    clear lead the whole-sample candidates are skipped; ``sliced_first``: the slice-level candidate
+    to try first (``sliced_sequence_plans``). Raises a ``UserError`` when nothing fits."""
     if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
         return plan
     # with a clear lead the whole-sample baselines are skipped (in the stress sweep none won a cell
@@ -170,23 +206,30 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     # 1F1B over best-fit sequences still can: where memory is tight (it holds less), and on deep
     # pipelines with a few long sequences per replica (stress cell 91 on the fixed-length pieces,
     # pp 8 at 256K: SlimPack's plan led its whole-sample packing by 20% and was 0.948x SlimPipe;
-    # this candidate 0.985x). It costs 0.11 s at the median step at 256 GPUs (docs/planner-latency.md).
+    # this candidate 0.985x). With both spreads (``SEQUENCE_SPREADS``) the planner's median step at
+    # 256 GPUs takes 0.50 s instead of 0.32 s with one (docs/planner-latency.md).
     clear_lead = fitting and lead < 1 - CLEAR_LEAD
     planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
     # a candidate replaces a fitting plan only if it is strictly faster
-    found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config)], cost,
+    found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)], cost,
                             beat=plan.info["step_s"] if fitting else float("inf"))
     if fitting and found is None:
         return plan
     if found is None:
         raise no_plan_fits(plan, cost)
     best, best_s = found
-    name = best.strategy if best.strategy != "slimpipe" else f"sliced bfd sequences (n={best.info['num_slices']})"
+    name = best.strategy if best.strategy != "slimpipe" else _sliced_name(best.info)
     cap = best.config.train.micro_batch_cap
     if cap != plan.config.train.micro_batch_cap:
         name += f" ({cap:,}-token micro-batches)"
     info = {"candidate": name, "step_s": best_s, "slimpack": dict(plan.info), name: dict(best.info)}
     return dataclasses.replace(best, strategy=plan.strategy, config=plan.config, info=info)
+
+
+def _sliced_name(info: dict) -> str:
+    """How a plan report names a slice-level candidate's plan (``sliced_sequence_plans``)."""
+    dealt = ", documents dealt first" if info["spread"] == "documents" else ""
+    return f"sliced bfd sequences (n={info['num_slices']}{dealt})"
 
 
 def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:

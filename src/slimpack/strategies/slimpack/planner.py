@@ -128,6 +128,8 @@ class SlimPackPlanner:
         """This step's sample ids and lengths, by index in the batch."""
         self._seed: Shape | None = None
         """The previous step's winning shape, which seeds this step's search."""
+        self._sliced_first: tuple[str, int] | None = None
+        """The slice-level candidate (spread, slice count) that last won a step, tried first."""
         self._merge_whole_batch = (merge_whole_batch and config.parallel.dp > 1 and knobs.use_dp_merge
                                    and knobs.use_wide_merge)
         self._merged: dict[int, SlimPackPlanner] = {}
@@ -137,11 +139,14 @@ class SlimPackPlanner:
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": list(self._seed) if self._seed is not None else None, "merge_won": self._merge_won,
+                "sliced_first": list(self._sliced_first) if self._sliced_first is not None else None,
                 "merged": {str(k): planner.state_dict() for k, planner in self._merged.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._seed = Shape(*state["seed"]) if state.get("seed") is not None else None
         self._merge_won = bool(state.get("merge_won", False))
+        first = state.get("sliced_first")
+        self._sliced_first = (str(first[0]), int(first[1])) if first is not None else None
         self._merged.clear()
         for k, inner in state.get("merged", {}).items():
             self._merged_planner(int(k)).load_state_dict(inner)
@@ -612,7 +617,10 @@ class SlimPackPlanner:
         step_s = max([scores[shape][1], *times]) if len(bounded) == len(scored) else step_time(plan, self.cost)
         plan = dataclasses.replace(plan, info={**info, "step_s": step_s})
         try:
-            plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead)
+            plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead, sliced_first=self._sliced_first)
+            won = plan.info.get(plan.info["candidate"], {})
+            if "spread" in won:
+                self._sliced_first = (won["spread"], won["num_slices"])
         except UserError as no_fit:
             plan = self._on_merged_replicas(None, batch, step, full_search=seed is None)
             if plan is None:
