@@ -87,6 +87,20 @@ def test_dealing_documents_first_balances_what_dealing_whole_sequences_cannot():
             for c in sliced_sequence_plans(batch, 0, config(pp=2, dp=1, max_context=32768))} == {"sequences"}
 
 
+def test_whole_sequences_are_a_candidate_in_plain_1f1b():
+    from slimpack.schedule.builders import one_f_one_b
+
+    cfg = config(pp=4, dp=2, max_context=32768)
+    batch = synthetic_batch(4, 800_000, 32768)
+    whole_sequences = [c for c in sliced_sequence_plans(batch, 0, cfg, first=("documents", 1))][:1]
+    plan = whole_sequences[0].assemble([pipe for _, pipe in sorted(whole_sequences[0].pipelines())])
+    assert plan.info == {"num_slices": 1, "spread": "documents"}
+    for pipe in plan.pipelines:  # one group per sequence, each holding whole documents
+        assert pipe.forward == pipe.backward and pipe.order == one_f_one_b(len(pipe.forward), 4)
+        assert all(s.start == 0 for g in pipe.forward for s in g)
+        assert all(sum(s.tokens for s in g) <= 32768 for g in pipe.forward)
+
+
 def test_the_last_winning_sliced_candidate_is_tried_first_and_kept_in_the_state():
     from slimpack.strategies.slimpack.planner import SlimPackPlanner
 
@@ -95,7 +109,7 @@ def test_the_last_winning_sliced_candidate_is_tried_first_and_kept_in_the_state(
     keys = [(p.info["spread"], p.info["num_slices"]) for p in
             (c.assemble([pipe for _, pipe in sorted(c.pipelines())])
              for c in sliced_sequence_plans(batch, 0, cfg, first=("sequences", 8)))]
-    assert keys[0] == ("sequences", 8) and len(set(keys)) == len(keys) == 10  # 2 spreads x n = 2..32
+    assert keys[0] == ("sequences", 8) and len(set(keys)) == len(keys) == 12  # 2 spreads x n = 1..32
     planner = SlimPackPlanner(cfg)
     plan = planner.plan(batch, step=0)
     won = plan.info[plan.info["candidate"]]  # here the slice-level candidate beats SlimPack's own plan

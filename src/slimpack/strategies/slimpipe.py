@@ -147,7 +147,7 @@ class SlimPipePlanner:
         forward = tuple(g for seq in chunks for g in seq)
         backward = tuple(g for seq in chunks for g in reversed(seq))
         pipe = PipelinePlan(replicas=(replica,), cp=par.cp, forward=forward, backward=backward)
-        return replace(pipe, order=slice_1f1b(len(forward), par.pp, n)) if n > 1 else pipe
+        return replace(pipe, order=slice_1f1b(len(forward), par.pp, n))  # n = 1: plain 1F1B
 
     def _profile(self, sequence: Sequence[Slice]) -> CostProfile:
         """``sequence``'s cost profile, computed once per sequence object (the memo keeps the
