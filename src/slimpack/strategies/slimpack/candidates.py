@@ -116,12 +116,13 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
     sequence boundary. n = 1 is plain 1F1B over the whole sequences, which TRL's packing (``bfd``)
     also runs but with the sequences dealt by tokens; it is tried here also where a clear lead
     skips the whole-sample candidates (two probe cells on the fixed-length pieces, where SlimPipe
-    won with whole sequences: 0.983x and 0.986x of it without, 1.005x and 1.002x with). Two ways to spread the documents over the replicas (one with a single
-    replica): the sequences of the whole batch dealt by their FLOPs, and the documents dealt by
-    their FLOPs, then packed into sequences on each replica (``_replica_sequences``). Their
-    pipelines are built the most tokens first (the likeliest to rule a candidate out). ``first``:
-    the (spread, slice count) to put first, the previous step's winner (consecutive batches are
-    alike): tried first, it sets the bar the others are given up against after fewer pipelines."""
+    won with whole sequences: 0.983x and 0.986x of it without, 1.005x and 1.002x with).
+    Two ways to spread the documents over the replicas (one with a single replica): the sequences of
+    the whole batch dealt by their FLOPs, and the documents dealt by their FLOPs, then packed into
+    sequences on each replica (``_replica_sequences``). Their pipelines are built the most tokens
+    first (the likeliest to rule a candidate out). ``first``: the (spread, slice count) to put
+    first, the previous step's winner (consecutive batches are alike): tried first, it sets the bar
+    the others are given up against after fewer pipelines."""
     from slimpack.strategies.slimpipe import SlimPipePlanner  # the registry imports this package
 
     if config.parallel.virtual_stages > 1 or not config.planner.use_slicing:
