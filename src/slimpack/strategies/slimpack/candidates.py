@@ -101,11 +101,12 @@ class Candidate:
 
 
 SEQUENCE_SPREADS = ("documents", "sequences")
-"""How ``sliced_sequence_plans`` spreads the batch over the replicas. Neither wins everywhere: over
-the 200 stress cells (slice-level candidate alone, on the documents and on the fixed-length pieces),
-dealing the documents was faster in 68 cases (1.5-3.9% at stress cell 8 and up to 1.96x at cell
-182, where two long sequences went to one replica), dealing the sequences in 14 (up to 1.1%: the
-documents can leave one replica with an extra, part-filled sequence)."""
+"""How ``sliced_sequence_plans`` spreads the batch over the replicas. Neither wins everywhere: of
+199 comparisons in the stress cells without interleaving (the slice-level candidate alone, where it
+fits, on the documents and on the fixed-length pieces), dealing the documents was faster in 68
+(3.4-3.9% at stress cell 8 and up to 1.96x at cell 182, where two long sequences went to one
+replica) and dealing the sequences in 14 (up to 1.1%: the documents can leave one replica with an
+extra, part-filled sequence); the rest were within 0.1%."""
 
 
 def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
