@@ -132,17 +132,20 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
     samples = cut_to_context(batch, config.train.max_context)
     spreads = SEQUENCE_SPREADS if config.parallel.dp > 1 else ("sequences",)  # one replica: the same plan
 
-    def pipelines(own: list[list[list[Slice]]], n: int) -> Iterator[tuple[int, PipelinePlan]]:
-        tokens = [sum(map(group_tokens, sequences)) for sequences in own]
-        return ((r, planner.pipeline(own[r], r, n)) for r in sorted(range(len(own)), key=lambda r: (-tokens[r], r)))
+    def pipelines(own: list[list[list[Slice]]], heavy_first: list[int], n: int) -> Iterator[tuple[int, PipelinePlan]]:
+        return ((r, planner.pipeline(own[r], r, n)) for r in heavy_first)
 
     def assemble(spread: str, n: int, built: list[PipelinePlan]) -> Plan:
         plan = planner.assemble(samples, built, n, step)
         return dataclasses.replace(plan, info={**plan.info, "spread": spread})
 
-    owned = {spread: _replica_sequences(samples, spread, config) for spread in spreads}
+    owned = {}  # per spread: its replicas' sequences, and the replicas the most tokens first
+    for spread in spreads:
+        own = _replica_sequences(samples, spread, config)
+        tokens = [sum(map(group_tokens, sequences)) for sequences in own]
+        owned[spread] = own, sorted(range(len(own)), key=lambda r: (-tokens[r], r))
     keys = sorted(((spread, n) for spread in spreads for n in planner.candidates), key=lambda k: k != first)
-    return [Candidate(pipelines=partial(pipelines, owned[spread], n), assemble=partial(assemble, spread, n))
+    return [Candidate(pipelines=partial(pipelines, *owned[spread], n), assemble=partial(assemble, spread, n))
             for spread, n in keys]
 
 
@@ -233,10 +236,10 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
 
 def _sliced_name(info: dict) -> str:
     """How a plan report names a slice-level candidate's plan (``sliced_sequence_plans``)."""
-    dealt = ", documents dealt first" if info["spread"] == "documents" else ""
-    if info["num_slices"] == 1:
-        return f"bfd sequences by FLOPs ({dealt[2:] or 'sequences dealt'})"
-    return f"sliced bfd sequences (n={info['num_slices']}{dealt})"
+    n, documents = info["num_slices"], info["spread"] == "documents"
+    if n == 1:
+        return f"bfd sequences by FLOPs ({'documents dealt first' if documents else 'sequences dealt'})"
+    return f"sliced bfd sequences (n={n}{', documents dealt first' if documents else ''})"
 
 
 def no_plan_fits(plan: Plan, cost: CostModel) -> UserError:
