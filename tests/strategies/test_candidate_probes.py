@@ -2,19 +2,24 @@
 those built rule it out: exact only if the pipelines are the plan's and a plan is never faster than
 any of its pipelines alone."""
 
+import dataclasses
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import config, synthetic_batch
+from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.plan import Sample
 from slimpack.sim import pipelines_step_time, simulate
+from slimpack.strategies import make_planner
 from slimpack.strategies.slimpack.candidates import (
+    BASELINE_CANDIDATES,
     Candidate,
     fastest_fitting,
     plan_fits,
+    safest_plan,
     sliced_sequence_plans,
 )
 
@@ -158,3 +163,25 @@ def test_no_cap_past_memorys_bound_where_the_bound_allows_no_doubling():
                          train=TrainConfig(max_context=4096, global_batch_tokens=262144))
     assert micro_batch_caps(short) == [4096, 8192, 16384, 32768, 65536]
 
+
+
+def test_a_lead_over_its_own_packing_skips_the_baselines_only_if_best_fit_decreasing_is_behind_too():
+    # a stand-in for SlimPack's plan: best-fit-decreasing's own plan with a made-up step, and a
+    # clear lead over "its own whole-sample packing" (0.5); slicing off, so only the whole-sample
+    # candidates can replace it
+    cfg = build_config(parallel=ParallelConfig(tp=4, pp=2, dp=2), train=TrainConfig(max_context=32768),
+                       planner=PlannerConfig(use_slicing=False))
+    cost = CostModel(cfg)
+    batch = synthetic_batch(5, 800_000, 32768)
+    reference = make_planner("bfd", cfg).plan(batch, step=0)
+    reference_s = simulate(reference, cost).step_time_s
+
+    def slimpack_at(step_s):
+        return dataclasses.replace(reference, strategy="slimpack", info={"candidate": "slimpack", "step_s": step_s})
+
+    # best-fit-decreasing within 5%: the lead is not clear, the candidates run, one at least as fast wins
+    close = safest_plan(slimpack_at(1.04 * reference_s), batch, cost, fitting=True, lead=0.5)
+    assert close.info["candidate"] in BASELINE_CANDIDATES and close.info["step_s"] <= reference_s
+    # best-fit-decreasing more than 5% behind as well: the plan stands, no candidate is built
+    ahead = slimpack_at(0.94 * reference_s)
+    assert safest_plan(ahead, batch, cost, fitting=True, lead=0.5) is ahead

@@ -35,9 +35,16 @@ from slimpack.strategies.slimpack.memory import stage_peak_bytes
 BASELINE_CANDIDATES = ("bytescale", "bfd", "kk", "wlb")
 CLEAR_LEAD = 0.05
 """When SlimPack's plan simulates this much faster than its own whole-sample packing (same
-pipelines, same simulator), the whole-sample candidates are not built: they are packings of the
-same kind, and building and simulating them would double the planner's time where SlimPack leads.
-The slice-level ones are always tried (they are a different schedule, and cheap to give up)."""
+pipelines, same simulator) and than ``LEAD_REFERENCE``'s plan, the whole-sample candidates are not
+built: they are packings of the same kind, and building and simulating them would double the
+planner's time where SlimPack leads. The slice-level ones are always tried (they are a different
+schedule, and cheap to give up)."""
+LEAD_REFERENCE = "bfd"
+"""The baseline a clear lead is also checked against: SlimPack's own whole-sample packing is scored
+at the group count its sliced plan chose, which can be far from a good one for whole samples. In
+an out-of-band probe (llama2-70b, 8K context, documents of about the context's length, tp4 pp8
+vpp2 dp8) SlimPack's plan led that packing by 12% while best-fit-decreasing was 3% and
+Karmarkar-Karp 5% faster than it. Best-fit-decreasing is the cheapest baseline to plan."""
 KK_MAX_SAMPLES = 8192
 """Karmarkar-Karp's planning time grows with the batch (one core, wikipedia: 0.06-0.23 s at ~8K
 samples, 0.4-0.5 s at ~16.7K, 1.1 s at ~25K, measured while two other processes ran): above this
@@ -209,14 +216,15 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     to try first (``sliced_sequence_plans``). Raises a ``UserError`` when nothing fits."""
     if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
         return plan
-    # with a clear lead the whole-sample baselines are skipped (in the stress sweep none won a cell
-    # where SlimPack's lead over its own whole-sample packing was under 0.987), but slice-level
+    # with a clear lead, over its own whole-sample packing and over best-fit-decreasing's plan, the
+    # whole-sample baselines are skipped (in the stress sweep none won a cell where SlimPack's lead
+    # over its own whole-sample packing was under 0.987), but slice-level
     # 1F1B over best-fit sequences still can: where memory is tight (it holds less), and on deep
     # pipelines with a few long sequences per replica (stress cell 91 on the fixed-length pieces,
     # pp 8 at 256K: SlimPack's plan led its whole-sample packing by 20% and was 0.948x SlimPipe;
     # this candidate 0.985x). With both spreads (``SEQUENCE_SPREADS``) the planner's median step at
     # 256 GPUs takes 0.50 s instead of 0.32 s with one (docs/planner-latency.md).
-    clear_lead = fitting and lead < 1 - CLEAR_LEAD
+    clear_lead = fitting and lead < 1 - CLEAR_LEAD and not _reference_close(plan, batch, cost)
     planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
     # a candidate replaces a fitting plan only if it is strictly faster
     found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)], cost,
@@ -232,6 +240,18 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         name += f" ({cap:,}-token micro-batches)"
     info = {"candidate": name, "step_s": best_s, "slimpack": dict(plan.info), name: dict(best.info)}
     return dataclasses.replace(best, strategy=plan.strategy, config=plan.config, info=info)
+
+
+def _reference_close(plan: Plan, batch: Sequence[Sample], cost: CostModel) -> bool:
+    """Whether ``LEAD_REFERENCE``'s plan of ``batch`` fits and simulates within ``CLEAR_LEAD`` of
+    ``plan``'s step (its simulation is given up once it is further behind)."""
+    from slimpack.strategies import make_planner  # the registry imports this package
+
+    try:
+        reference = make_planner(LEAD_REFERENCE, plan.config).plan(batch, step=plan.step)
+    except ScheduleError:
+        return False
+    return fastest_fitting([Candidate.of(reference)], cost, beat=plan.info["step_s"] / (1 - CLEAR_LEAD)) is not None
 
 
 def _sliced_name(info: dict) -> str:
