@@ -8,6 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import slimpack.strategies.slimpack.candidates as candidate_rules
 from helpers import config, synthetic_batch
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
@@ -185,3 +186,22 @@ def test_a_lead_over_its_own_packing_skips_the_baselines_only_if_best_fit_decrea
     # best-fit-decreasing more than 5% behind as well: the plan stands, no candidate is built
     ahead = slimpack_at(0.94 * reference_s)
     assert safest_plan(ahead, batch, cost, fitting=True, lead=0.5) is ahead
+
+
+def test_above_the_candidates_sample_limit_best_fit_decreasing_alone_is_tried(monkeypatch):
+    cfg = build_config(parallel=ParallelConfig(tp=4, pp=2, dp=2), train=TrainConfig(max_context=32768))
+    cost = CostModel(cfg)
+    batch = synthetic_batch(5, 800_000, 32768)
+    monkeypatch.setattr(candidate_rules, "CANDIDATES_MAX_SAMPLES", len(batch) - 1)
+    reference = make_planner("bfd", cfg).plan(batch, step=0)
+    reference_s = simulate(reference, cost).step_time_s
+
+    def slimpack_at(step_s):
+        return dataclasses.replace(reference, strategy="slimpack", info={"candidate": "slimpack", "step_s": step_s})
+
+    # behind best-fit-decreasing, even with a clear lead over its own packing: replaced by it (and
+    # by nothing else: the other candidates are not built)
+    behind = safest_plan(slimpack_at(1.01 * reference_s), batch, cost, fitting=True, lead=0.5)
+    assert behind.info["candidate"] == "bfd" and behind.info["step_s"] == reference_s
+    ahead = slimpack_at(0.999 * reference_s)
+    assert safest_plan(ahead, batch, cost, fitting=True, lead=1.0) is ahead

@@ -51,9 +51,12 @@ samples, 0.4-0.5 s at ~16.7K, 1.1 s at ~25K, measured while two other processes 
 many samples it is left out of the candidates. At 4,096 it was left out of stress cell 125 (4,391
 samples), where it plans 1% faster than SlimPack's own plan."""
 CANDIDATES_MAX_SAMPLES = 24576
-"""Above this many samples (about 384 GPUs at 64K tokens per GPU on wikipedia) the baseline
-candidates are built only when SlimPack's own plan does not fit: planning and simulating them
-costs more than the planner's latency budget there, where SlimPack's margin is widest."""
+"""Above this many samples (about 384 GPUs at 64K tokens per GPU on wikipedia) the candidates are
+built only when SlimPack's own plan does not fit, but for ``LEAD_REFERENCE``'s plan: planning and
+simulating all of them costs more than the planner's latency budget there, where SlimPack's margin
+is widest. The reference stays, as it costs about a third of them: in an out-of-band probe cell
+(llama2-13b, documents of a few hundred tokens, 33,540 of them, tp8 pp4 vpp2 dp2) SlimPack's own
+plan was 0.7% behind best-fit-decreasing's."""
 
 
 def plan_peaks(plan: Plan, cost: CostModel) -> list[float]:
@@ -214,8 +217,6 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     simulated step over its own whole-sample packing's (scored on the same pipelines); with a
     clear lead the whole-sample candidates are skipped; ``sliced_first``: the slice-level candidate
     to try first (``sliced_sequence_plans``). Raises a ``UserError`` when nothing fits."""
-    if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
-        return plan
     # with a clear lead, over its own whole-sample packing and over best-fit-decreasing's plan, the
     # whole-sample baselines are skipped (in the stress sweep none won a cell where SlimPack's lead
     # over its own whole-sample packing was under 0.987), but slice-level
@@ -224,11 +225,15 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     # pp 8 at 256K: SlimPack's plan led its whole-sample packing by 20% and was 0.948x SlimPipe;
     # this candidate 0.985x). With both spreads (``SEQUENCE_SPREADS``) the planner's median step at
     # 256 GPUs takes 0.50 s instead of 0.32 s with one (docs/planner-latency.md).
-    clear_lead = fitting and lead < 1 - CLEAR_LEAD and not _reference_close(plan, batch, cost)
-    planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
+    if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
+        reference = _reference_plan(plan, batch)
+        candidates = [Candidate.of(reference)] if reference is not None else []
+    else:
+        clear_lead = fitting and lead < 1 - CLEAR_LEAD and not _reference_close(plan, batch, cost)
+        planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
+        candidates = [*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)]
     # a candidate replaces a fitting plan only if it is strictly faster
-    found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)], cost,
-                            beat=plan.info["step_s"] if fitting else float("inf"))
+    found = fastest_fitting(candidates, cost, beat=plan.info["step_s"] if fitting else float("inf"))
     if fitting and found is None:
         return plan
     if found is None:
@@ -242,16 +247,22 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     return dataclasses.replace(best, strategy=plan.strategy, config=plan.config, info=info)
 
 
-def _reference_close(plan: Plan, batch: Sequence[Sample], cost: CostModel) -> bool:
-    """Whether ``LEAD_REFERENCE``'s plan of ``batch`` fits and simulates within ``CLEAR_LEAD`` of
-    ``plan``'s step (its simulation is given up once it is further behind)."""
+def _reference_plan(plan: Plan, batch: Sequence[Sample]) -> Plan | None:
+    """``LEAD_REFERENCE``'s plan of ``batch`` with ``plan``'s config (None where it cannot plan it)."""
     from slimpack.strategies import make_planner  # the registry imports this package
 
     try:
-        reference = make_planner(LEAD_REFERENCE, plan.config).plan(batch, step=plan.step)
+        return make_planner(LEAD_REFERENCE, plan.config).plan(batch, step=plan.step)
     except ScheduleError:
-        return False
-    return fastest_fitting([Candidate.of(reference)], cost, beat=plan.info["step_s"] / (1 - CLEAR_LEAD)) is not None
+        return None
+
+
+def _reference_close(plan: Plan, batch: Sequence[Sample], cost: CostModel) -> bool:
+    """Whether ``LEAD_REFERENCE``'s plan of ``batch`` fits and simulates within ``CLEAR_LEAD`` of
+    ``plan``'s step (its simulation is given up once it is further behind)."""
+    reference = _reference_plan(plan, batch)
+    return reference is not None and fastest_fitting(
+        [Candidate.of(reference)], cost, beat=plan.info["step_s"] / (1 - CLEAR_LEAD)) is not None
 
 
 def _sliced_name(info: dict) -> str:
