@@ -5,6 +5,7 @@ any of its pipelines alone."""
 import dataclasses
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from helpers import config, synthetic_batch
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
 from slimpack.plan import Sample
+from slimpack.plan.types import group_tokens
 from slimpack.sim import pipelines_step_time, simulate
 from slimpack.strategies import make_planner
 from slimpack.strategies.slimpack.candidates import (
@@ -199,9 +201,24 @@ def test_above_the_candidates_sample_limit_best_fit_decreasing_alone_is_tried(mo
     def slimpack_at(step_s):
         return dataclasses.replace(reference, strategy="slimpack", info={"candidate": "slimpack", "step_s": step_s})
 
-    # behind best-fit-decreasing, even with a clear lead over its own packing: replaced by it (and
-    # by nothing else: the other candidates are not built)
-    behind = safest_plan(slimpack_at(1.01 * reference_s), batch, cost, fitting=True, lead=0.5)
+    # behind best-fit-decreasing without a clear lead over its own packing: replaced by it (and by
+    # nothing else: the other candidates are not built)
+    behind = safest_plan(slimpack_at(1.01 * reference_s), batch, cost, fitting=True, lead=0.99)
     assert behind.info["candidate"] == "bfd" and behind.info["step_s"] == reference_s
     ahead = slimpack_at(0.999 * reference_s)
-    assert safest_plan(ahead, batch, cost, fitting=True, lead=1.0) is ahead
+    assert safest_plan(ahead, batch, cost, fitting=True, lead=0.99) is ahead
+    # with a clear lead over its own packing nothing is built, not even the reference
+    clear = slimpack_at(1.01 * reference_s)
+    assert safest_plan(clear, batch, cost, fitting=True, lead=0.5) is clear
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_the_lazy_reference_is_best_fit_decreasings_plan_built_fullest_replica_first(vpp):
+    cfg = build_config(parallel=ParallelConfig(tp=4, pp=2, dp=3, virtual_stages=vpp), train=TrainConfig(max_context=32768))
+    batch = synthetic_batch(7, 600_000, 32768)
+    candidate = candidate_rules.reference_candidate(batch, 0, cfg)
+    built = list(candidate.pipelines())
+    plan = candidate.assemble([pipe for _, pipe in sorted(built)])
+    assert plan == make_planner("bfd", cfg).plan(batch, step=0)
+    tokens = [sum(group_tokens(g) for g in pipe.forward) for _, pipe in built]
+    assert tokens == sorted(tokens, reverse=True) and sorted(r for r, _ in built) == [0, 1, 2]

@@ -43,12 +43,15 @@ def symmetric_plan(config: Config, strategy: str, step: int, samples: Sequence[S
                    deferred: Sequence[int] = ()) -> Plan:
     """A plan whose replica ``r`` runs ``per_replica[r]`` as symmetric groups (1F1B by default;
     under interleaving, their count padded to a multiple of pp: ``rounds_of``)."""
-    par = config.parallel
-    if par.virtual_stages > 1:
-        per_replica = [rounds_of(groups, par.pp) for groups in per_replica]
-    pipelines = tuple(symmetric_pipeline(r, groups, par.cp) for r, groups in enumerate(per_replica))
+    pipelines = tuple(symmetric_replica(config, r, groups) for r, groups in enumerate(per_replica))
     return Plan(config=config, strategy=strategy, step=step, samples=tuple(samples), deferred=tuple(deferred),
                 pipelines=pipelines, info=info)
+
+
+def symmetric_replica(config: Config, replica: int, groups: Sequence[Group]) -> PipelinePlan:
+    """Replica ``replica``'s pipeline in ``symmetric_plan`` (its order left to the plan)."""
+    par = config.parallel
+    return symmetric_pipeline(replica, rounds_of(groups, par.pp) if par.virtual_stages > 1 else groups, par.cp)
 
 
 def rounds_of(groups: Sequence[Group], pp: int) -> list[Group]:

@@ -25,9 +25,9 @@ import numpy as np
 
 from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
-from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens
+from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, with_default_orders
 from slimpack.sim import pipelines_step_time
-from slimpack.strategies.base import cut_to_context, lpt_assign, whole
+from slimpack.strategies.base import cut_to_context, lpt_assign, symmetric_replica, whole
 from slimpack.strategies.micro_batches import micro_batch_caps
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -35,16 +35,10 @@ from slimpack.strategies.slimpack.memory import stage_peak_bytes
 BASELINE_CANDIDATES = ("bytescale", "bfd", "kk", "wlb")
 CLEAR_LEAD = 0.05
 """When SlimPack's plan simulates this much faster than its own whole-sample packing (same
-pipelines, same simulator) and than ``LEAD_REFERENCE``'s plan, the whole-sample candidates are not
-built: they are packings of the same kind, and building and simulating them would double the
-planner's time where SlimPack leads. The slice-level ones are always tried (they are a different
-schedule, and cheap to give up)."""
-LEAD_REFERENCE = "bfd"
-"""The baseline a clear lead is also checked against: SlimPack's own whole-sample packing is scored
-at the group count its sliced plan chose, which can be far from a good one for whole samples. In
-an out-of-band probe (llama2-70b, 8K context, documents of about the context's length, tp4 pp8
-vpp2 dp8) SlimPack's plan led that packing by 12% while best-fit-decreasing was 3% and
-Karmarkar-Karp 5% faster than it. Best-fit-decreasing is the cheapest baseline to plan."""
+pipelines, same simulator) and than best-fit-decreasing's plan (``reference_candidate``), the
+whole-sample candidates are not built: they are packings of the same kind, and building and
+simulating them would double the planner's time where SlimPack leads. The slice-level ones are
+always tried (they are a different schedule, and cheap to give up)."""
 KK_MAX_SAMPLES = 8192
 """Karmarkar-Karp's planning time grows with the batch (one core, wikipedia: 0.06-0.23 s at ~8K
 samples, 0.4-0.5 s at ~16.7K, 1.1 s at ~25K, measured while two other processes ran): above this
@@ -52,11 +46,13 @@ many samples it is left out of the candidates. At 4,096 it was left out of stres
 samples), where it plans 1% faster than SlimPack's own plan."""
 CANDIDATES_MAX_SAMPLES = 24576
 """Above this many samples (about 384 GPUs at 64K tokens per GPU on wikipedia) the candidates are
-built only when SlimPack's own plan does not fit, but for ``LEAD_REFERENCE``'s plan: planning and
-simulating all of them costs more than the planner's latency budget there, where SlimPack's margin
-is widest. The reference stays, as it costs about a third of them: in an out-of-band probe cell
-(llama2-13b, documents of a few hundred tokens, 33,540 of them, tp8 pp4 vpp2 dp2) SlimPack's own
-plan was 0.7% behind best-fit-decreasing's."""
+built only when SlimPack's own plan does not fit, but for ``reference_candidate`` where SlimPack's
+lead over its own whole-sample packing is not clear: planning and simulating all of them costs more
+than the planner's latency budget there, where SlimPack's margin is widest. In an out-of-band probe
+cell (llama2-13b, documents of a few hundred tokens, 33,540 of them, tp8 pp4 vpp2 dp2, a lead of
+0.998) SlimPack's own plan was 0.7% behind best-fit-decreasing's. Under a clear lead even the
+reference is not built: its bins alone take about 0.4 s at 2048 GPUs (133,260 samples), a third of
+the planner's median step there."""
 
 
 def plan_peaks(plan: Plan, cost: CostModel) -> list[float]:
@@ -215,7 +211,7 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     pipeline fits) or a candidate's plan that the simulator finds faster, or that fits when
     ``plan`` does not (its simulated step in ``info["step_s"]`` too). ``lead``: SlimPack's
     simulated step over its own whole-sample packing's (scored on the same pipelines); with a
-    clear lead the whole-sample candidates are skipped; ``sliced_first``: the slice-level candidate
+    clear lead (``CLEAR_LEAD``) the whole-sample candidates are skipped; ``sliced_first``: the slice-level candidate
     to try first (``sliced_sequence_plans``). Raises a ``UserError`` when nothing fits."""
     # with a clear lead, over its own whole-sample packing and over best-fit-decreasing's plan, the
     # whole-sample baselines are skipped (in the stress sweep none won a cell where SlimPack's lead
@@ -225,15 +221,15 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     # pp 8 at 256K: SlimPack's plan led its whole-sample packing by 20% and was 0.948x SlimPipe;
     # this candidate 0.985x). With both spreads (``SEQUENCE_SPREADS``) the planner's median step at
     # 256 GPUs takes 0.50 s instead of 0.32 s with one (docs/planner-latency.md).
+    bar = plan.info["step_s"] if fitting else float("inf")  # a candidate replaces a fitting plan only if strictly faster
     if fitting and len(batch) > CANDIDATES_MAX_SAMPLES:
-        reference = _reference_plan(plan, batch)
-        candidates = [Candidate.of(reference)] if reference is not None else []
+        found = _fastest_reference(plan, batch, cost, beat=bar) if lead >= 1 - CLEAR_LEAD else None
     else:
-        clear_lead = fitting and lead < 1 - CLEAR_LEAD and not _reference_close(plan, batch, cost)
+        clear_lead = fitting and lead < 1 - CLEAR_LEAD and _fastest_reference(plan, batch, cost,
+                                                                               beat=bar / (1 - CLEAR_LEAD)) is None
         planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
-        candidates = [*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)]
-    # a candidate replaces a fitting plan only if it is strictly faster
-    found = fastest_fitting(candidates, cost, beat=plan.info["step_s"] if fitting else float("inf"))
+        found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)],
+                                cost, beat=bar)
     if fitting and found is None:
         return plan
     if found is None:
@@ -247,22 +243,39 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
     return dataclasses.replace(best, strategy=plan.strategy, config=plan.config, info=info)
 
 
-def _reference_plan(plan: Plan, batch: Sequence[Sample]) -> Plan | None:
-    """``LEAD_REFERENCE``'s plan of ``batch`` with ``plan``'s config (None where it cannot plan it)."""
-    from slimpack.strategies import make_planner  # the registry imports this package
+def reference_candidate(batch: Sequence[Sample], step: int, config) -> Candidate:
+    """Best-fit-decreasing's plan of ``batch`` (``BFDPlanner``), the cheapest baseline to plan, as a
+    candidate whose pipelines are built as they are asked for, the most tokens first: where it is
+    far behind, the fullest replica's simulation gives it up before the other replicas' slices are
+    made (most of the 1.1 s the whole plan takes at 2048 GPUs, 133,260 samples). A clear lead is also
+    checked against it: SlimPack's own whole-sample packing is scored at the group count its sliced
+    plan chose, which can be far from a good one for whole samples. In an out-of-band probe
+    (llama2-70b, 8K context, documents of about the context's length, tp4 pp8 vpp2 dp8) SlimPack's
+    plan led that packing by 12% while best-fit-decreasing was 3% and Karmarkar-Karp 5% faster."""
+    from slimpack.strategies.bfd import BFDPlanner  # the registry imports this package
 
+    planner = BFDPlanner(config)
+    packed = planner.pack(batch)
+    fullest_first = sorted(range(config.parallel.dp), key=lambda r: (-packed.tokens(r), r))
+
+    def pipelines() -> Iterator[tuple[int, PipelinePlan]]:
+        for r in fullest_first:
+            yield r, with_default_orders([symmetric_replica(config, r, packed.groups(r))], config)[0]
+
+    def assemble(built: list[PipelinePlan]) -> Plan:
+        return Plan(config=config, strategy=planner.name, step=step, samples=tuple(packed.samples),
+                    pipelines=tuple(built), info=packed.info)
+
+    return Candidate(pipelines=pipelines, assemble=assemble)
+
+
+def _fastest_reference(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, beat: float
+                       ) -> tuple[Plan, float] | None:
+    """``reference_candidate``'s plan and step if it fits and is faster than ``beat``."""
     try:
-        return make_planner(LEAD_REFERENCE, plan.config).plan(batch, step=plan.step)
-    except ScheduleError:
+        return fastest_fitting([reference_candidate(batch, plan.step, plan.config)], cost, beat=beat)
+    except ScheduleError:  # under interleaving, a replica whose bins cannot be split into rounds of pp
         return None
-
-
-def _reference_close(plan: Plan, batch: Sequence[Sample], cost: CostModel) -> bool:
-    """Whether ``LEAD_REFERENCE``'s plan of ``batch`` fits and simulates within ``CLEAR_LEAD`` of
-    ``plan``'s step (its simulation is given up once it is further behind)."""
-    reference = _reference_plan(plan, batch)
-    return reference is not None and fastest_fitting(
-        [Candidate.of(reference)], cost, beat=plan.info["step_s"] / (1 - CLEAR_LEAD)) is not None
 
 
 def _sliced_name(info: dict) -> str:
