@@ -19,6 +19,12 @@ comparison with them each cell also has SlimPack planning those same pieces (``s
     python benchmarks/stress.py --cells 200 --rerun slimpack # a strategy again at this commit (after work on it)
     python benchmarks/stress.py --cells 200 --pieces         # SlimPack on the fixed-length pieces, at this commit
     python benchmarks/stress.py --cells 200 --report         # -> docs/stress.md
+
+``--wide`` draws from a wider space than the sweep's, for probes outside its band (results kept
+apart with ``--out``/``--doc``): every model preset but the tiny one, the H100, H200 and A100-80G
+presets, synthetic corpora (``slimpack.data.synthetic``: median 128-32K tokens, lognormal sigma
+0.5-2, a Pareto tail of 0-50% with shape 0.5-2, cut at the context or twice it) beside the bundled
+ones, contexts 4K-512K, 8K-1M tokens per GPU, pp up to 16, vpp up to 4, cp up to 8, dp up to 16.
 """
 
 from __future__ import annotations
@@ -76,11 +82,43 @@ def draw_cell(seed: int, index: int, contexts: tuple[int, ...] = CONTEXTS) -> di
             return cell
 
 
+WIDE_MODELS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "qwen2.5-7b", "qwen2.5-32b",
+               "qwen2.5-72b")
+WIDE_GPUS = ("h100-sxm", "h200", "a100-80g")
+
+
+def draw_wide_cell(seed: int, index: int) -> dict:
+    """A cell of the ``--wide`` space (see the module docstring): a pure function of (seed, index)."""
+    rng = random.Random(seed * 7919 + index)
+    while True:
+        context = rng.choice((4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288))
+        dataset = rng.choice(bundled_datasets())
+        if rng.random() < 0.45:
+            dataset = (f"synthetic:count=60000,median={rng.choice((128, 512, 2048, 8192, 32768))},"
+                       f"sigma={rng.choice((0.5, 1.0, 2.0))},tail_share={rng.choice((0.0, 0.02, 0.2, 0.5))},"
+                       f"tail_alpha={rng.choice((0.5, 1.1, 2.0))},max_length={context * rng.choice((1, 2))},"
+                       f"seed={rng.randrange(1000)}")
+        cell = {"index": index, "dataset": dataset, "model": rng.choice(WIDE_MODELS), "gpu": rng.choice(WIDE_GPUS),
+                "context": context, "tokens_per_gpu": rng.choice((8192, *TOKENS_PER_GPU, 2**20)),
+                "tp": rng.choice((1, 2, 4, 8)), "pp": rng.choice((1, 2, 4, 8, 16)), "vpp": rng.choice((1, 1, 2, 3, 4)),
+                "cp": rng.choice((1, 1, 2, 4, 8)), "dp": rng.choice((1, 2, 4, 8, 16)),
+                "recompute": rng.choice(("none", "selective", "full"))}
+        if cell["pp"] == 1:
+            cell["vpp"] = 1
+        try:
+            config = cell_config(cell)
+            CostModel(config).check_states_fit()
+        except (UserError, ValueError):
+            continue
+        if config.train.global_batch_tokens <= MAX_BATCH_TOKENS:
+            return cell
+
+
 def cell_config(cell: dict):
     parallel = ParallelConfig(tp=cell["tp"], pp=cell["pp"], dp=cell["dp"], cp=cell["cp"],
                               virtual_stages=cell["vpp"])
     batch = max(cell["tokens_per_gpu"] * parallel.num_devices, cell["context"])
-    return build_config(model=cell["model"], parallel=parallel,
+    return build_config(model=cell["model"], gpu=cell.get("gpu", "h100-sxm"), parallel=parallel,
                         train=TrainConfig(max_context=cell["context"], global_batch_tokens=batch,
                                           recompute=cell["recompute"]))
 
@@ -305,8 +343,8 @@ def _work_ratio(cell: dict, name: str) -> float | None:
 def report(cells: list[dict], command: str) -> str:
     lines = [
         "# Stress sweep: SlimPack against every baseline over random regimes (issue 12)", "",
-        "Simulated with the default (uncalibrated) H100 cost model, one step per cell, every strategy on the "
-        "same batch. Cells are drawn by `benchmarks/stress.py` (see its docstring for the ranges).", "",
+        "Simulated with the default (uncalibrated) cost model of the cell's GPU preset (H100 unless the model "
+        "column names another), one step per cell, every strategy on the same batch. Cells are drawn by `benchmarks/stress.py` (see its docstring for the ranges).", "",
         f"Reproduce: `{command}` (then `--report`).", ""]
     commits = sorted({c.get("commit", "?") for c in cells})
     lines += [f"Every strategy ran at commit(s) {', '.join(commits)}."]
@@ -375,11 +413,16 @@ def report(cells: list[dict], command: str) -> str:
         columns.append(_fmt(on_pieces or None))  # failed on the pieces: no ratio
         bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
         lines.append(
-            f"| {cell['index']} | {cell['dataset']} | {cell['model']} | {cell['context'] // 1024}K | "
+            f"| {cell['index']} | {cell['dataset']} | {cell['model']}{_gpu(cell)} | {cell['context'] // 1024}K | "
             f"{cell['tokens_per_gpu'] // 1024}K | {cell['tp']} {cell['pp']} {cell['vpp']} {cell['cp']} {cell['dp']} | "
             f"{cell['recompute']} | {slim_text} | {slim.get('candidate') or '-'} | {' | '.join(columns)} | "
             f"{_fmt(bound)} |")
     return "\n".join(lines) + "\n"
+
+
+def _gpu(cell: dict) -> str:
+    """`` on <gpu>`` for a cell of the ``--wide`` space off the H100 preset."""
+    return f" on {cell['gpu']}" if cell.get("gpu", "h100-sxm") != "h100-sxm" else ""
 
 
 def _fmt(value: float | None) -> str:
@@ -397,6 +440,8 @@ def main() -> int:
     parser.add_argument("--pieces", action="store_true",
                         help="run SlimPack on the fixed-length pieces (this checkout) in every finished cell of this "
                              "part where another commit ran it or none did")
+    parser.add_argument("--wide", action="store_true",
+                        help="draw new cells from the wider space of the docstring (a probe outside the sweep's band)")
     parser.add_argument("--rerun", metavar="STRATEGY", choices=list(STRATEGIES),
                         help="run this strategy again (this checkout) in every finished cell of this part where another "
                              "commit ran it, keeping the other strategies' records")
@@ -416,6 +461,7 @@ def main() -> int:
         # the command that made these cells: another --out (and --doc) keeps a probe apart from the sweep's
         where = "".join(f" --{name} {getattr(args, name)}" for name in ("out", "doc")
                         if getattr(args, name) != parser.get_default(name))
+        where += " --wide" if any("gpu" in c for c in cells) else ""
         Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}{where}"))
         print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT),
                           "cutting, on the pieces": summarize(cells, CUTTING, "slimpack_on_pieces")}, indent=1))
@@ -432,7 +478,7 @@ def main() -> int:
         path = out / f"cell-{index:04d}.json"
         if path.exists():
             continue
-        cell = draw_cell(args.seed, index)
+        cell = draw_wide_cell(args.seed, index) if args.wide else draw_cell(args.seed, index)
         result = run_cell(cell) | {"commit": head_commit()}
         path.write_text(json.dumps(result))
         slim = result["strategies"]["slimpack"]
