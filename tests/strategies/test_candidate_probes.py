@@ -13,10 +13,12 @@ import slimpack.strategies.slimpack.candidates as candidate_rules
 from helpers import config, synthetic_batch
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
+from slimpack.data import load_dataset
 from slimpack.plan import Sample
 from slimpack.plan.types import group_tokens
 from slimpack.sim import pipelines_step_time, simulate
 from slimpack.strategies import make_planner
+from slimpack.strategies.fixed import pack_fixed_length
 from slimpack.strategies.slimpack.candidates import (
     BASELINE_CANDIDATES,
     Candidate,
@@ -25,6 +27,7 @@ from slimpack.strategies.slimpack.candidates import (
     safest_plan,
     sliced_sequence_plans,
 )
+from slimpack.strategies.stream import stream_batches
 
 
 @settings(max_examples=8, deadline=None)
@@ -83,16 +86,17 @@ def test_dealing_documents_first_balances_what_dealing_whole_sequences_cannot():
     cost = CostModel(cfg)
     candidates = sliced_sequence_plans(batch, 0, cfg)
     plans = [c.assemble([pipe for _, pipe in sorted(c.pipelines())]) for c in candidates]
-    assert {p.info["spread"] for p in plans} == {"sequences", "documents"}
+    # (this batch in its order is also Megatron's fixed-length cut of itself: its sequences dealt in turn)
+    assert {p.info["spread"] for p in plans} == {"sequences", "documents", "fixed-length"}
     tokens = {p.info["spread"]: sorted(sum(s.tokens for g in pipe.forward for s in g) for pipe in p.pipelines)
               for p in plans}
-    assert tokens == {"sequences": [32768, 65536], "documents": [49152, 49152]}
+    assert tokens == {"sequences": [32768, 65536], "documents": [49152, 49152], "fixed-length": [32768, 65536]}
     step = {spread: min(simulate(p, cost).step_time_s for p in plans if p.info["spread"] == spread)
             for spread in ("sequences", "documents")}
     assert step["documents"] < 0.9 * step["sequences"]
-    # with one replica there is nothing to deal: one spread only
+    # with one replica there is nothing to deal: one spread of best-fit sequences only
     assert {c.assemble([pipe for _, pipe in c.pipelines()]).info["spread"]
-            for c in sliced_sequence_plans(batch, 0, config(pp=2, dp=1, max_context=32768))} == {"sequences"}
+            for c in sliced_sequence_plans(batch, 0, config(pp=2, dp=1, max_context=32768))} == {"sequences", "fixed-length"}
 
 
 def test_whole_sequences_are_a_candidate_in_plain_1f1b():
@@ -222,3 +226,37 @@ def test_the_lazy_reference_is_best_fit_decreasings_plan_built_fullest_replica_f
     assert plan == make_planner("bfd", cfg).plan(batch, step=0)
     tokens = [sum(group_tokens(g) for g in pipe.forward) for _, pipe in built]
     assert tokens == sorted(tokens, reverse=True) and sorted(r for r, _ in built) == [0, 1, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=30), context=st.integers(8, 40))
+def test_the_fixed_length_cut_splits_no_document_exactly_when_it_makes_no_new_sample(lengths, context):
+    samples = [Sample(id=i, length=n) for i, n in enumerate(lengths)]
+    pieces, _ = pack_fixed_length(samples, context)
+    assert candidate_rules.cuts_no_document(samples, context) == (len(pieces) == len(samples))
+
+
+@pytest.mark.parametrize("dataset, model, context, per_gpu, layout, recompute", [
+    ("cpython", "llama2-7b", 8192, 32768, (1, 8, 1, 1, 1), "none"),  # stress cell 94: SlimPipe 0.2% ahead without
+    ("wlbllm", "qwen2.5-7b", 8192, 16384, (4, 4, 1, 1, 1), "selective"),  # cell 96: SlimPipe, fixed 0.4% ahead
+    ("wlbllm", "qwen2.5-7b", 65536, 131072, (4, 2, 2, 2, 1), "none"),  # cell 157, interleaved: fixed 0.3% ahead
+])
+def test_on_the_fixed_length_pieces_slimpack_is_never_behind_slimpipe_or_fixed(dataset, model, context, per_gpu,
+                                                                                layout, recompute):
+    # a batch Megatron's cut has already made (as a corpus chunked to the context would be):
+    # SlimPipe's and fixed's own plans are candidates, so SlimPack's step is at most theirs; on the
+    # documents that cut splits some, and neither is a candidate
+    tp, pp, vpp, cp, dp = layout
+    cfg = build_config(model=model, parallel=ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=vpp),
+                       train=TrainConfig(max_context=context, global_batch_tokens=per_gpu * tp * pp * cp * dp,
+                                         recompute=recompute))
+    batch = stream_batches(load_dataset(dataset), cfg, 1)[0]
+    pieces, _ = pack_fixed_length(batch, context)
+    ours = simulate(make_planner("slimpack", cfg).plan(pieces, step=0))
+    theirs = [simulate(make_planner(name, cfg).plan(pieces, step=0)) for name in ("fixed", "slimpipe")[:3 - vpp]]
+    assert not ours.oom and all(not r.oom for r in theirs)
+    assert ours.step_time_s <= min(r.step_time_s for r in theirs)
+    assert candidate_rules.cuts_no_document(pieces, context) and not candidate_rules.cuts_no_document(batch, context)
+    assert candidate_rules.uncut_fixed_plans(batch, 0, cfg) == []
+    spreads = {c.assemble([p for _, p in sorted(c.pipelines())]).info["spread"] for c in sliced_sequence_plans(batch, 0, cfg)}
+    assert candidate_rules.FIXED_LENGTH not in spreads

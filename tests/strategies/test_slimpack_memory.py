@@ -106,7 +106,8 @@ def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, 
         assert not result.oom
         assert result.step_time_s <= min(baseline_steps) * (1 + 1e-9)
     name, merged, width = plan.info["candidate"].partition(" on ")
-    assert name in ("slimpack", *BASELINE_CANDIDATES) or name.startswith(("sliced bfd", "bfd sequences by FLOPs"))
+    assert name in ("slimpack", "fixed", *BASELINE_CANDIDATES) or name.startswith(
+        ("sliced bfd", "bfd sequences by FLOPs", "sliced fixed-length", "fixed-length sequences"))
     assert not merged or width == f"{plan.info['merged_replicas']} merged replicas"
 
 

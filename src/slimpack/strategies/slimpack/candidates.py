@@ -7,8 +7,8 @@ best-fit-decreasing, verl's Karmarkar-Karp, and WLB-LLM's packing where it defer
 later step), and SlimPipe's slice-level 1F1B over best-fit-decreasing
 sequences of whole documents, scores them with the same simulator and returns the fastest plan that
 fits in memory, saying in ``info["candidate"]`` which one won. Fixed-length packing and SlimPipe
-itself are not candidates: they split documents at sequence boundaries, which changes what is
-trained.
+itself are candidates only where their cut splits no document (``FIXED_LENGTH``): elsewhere they
+split documents at sequence boundaries, which changes what is trained.
 If no candidate fits, the planner raises one error that says what would make one fit.
 Must not import torch.
 """
@@ -28,6 +28,7 @@ from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, with_default_orders
 from slimpack.sim import pipelines_step_time
 from slimpack.strategies.base import cut_to_context, lpt_assign, symmetric_replica, whole
+from slimpack.strategies.fixed import pack_fixed_length
 from slimpack.strategies.micro_batches import micro_batch_caps
 from slimpack.strategies.packing import best_fit_decreasing
 from slimpack.strategies.slimpack.memory import stage_peak_bytes
@@ -107,12 +108,43 @@ class Candidate:
 
 
 SEQUENCE_SPREADS = ("documents", "sequences")
-"""How ``sliced_sequence_plans`` spreads the batch over the replicas. Neither wins everywhere: of
+"""How ``sliced_sequence_plans`` spreads the batch over the replicas (and, where Megatron's
+fixed-length cut leaves every document whole, ``FIXED_LENGTH`` too). Neither wins everywhere: of
 199 comparisons in the stress cells without interleaving (the slice-level candidate alone, where it
 fits, on the documents and on the fixed-length pieces), dealing the documents was faster in 68
 (3.4-3.9% at stress cell 8 and up to 1.96x at cell 182, where two long sequences went to one
 replica) and dealing the sequences in 14 (up to 1.1%: the documents can leave one replica with an
 extra, part-filled sequence); the rest were within 0.1%."""
+FIXED_LENGTH = "fixed-length"
+"""The spread of SlimPipe itself: the batch in data order cut into context-length sequences, dealt
+round-robin (``fixed.pack_fixed_length``). A candidate only where that cut splits no document
+(``cuts_no_document``, e.g. a corpus already chunked to the context): then it trains what SlimPack
+trains, and SlimPack is never behind SlimPipe or Megatron's fixed-length packing there."""
+
+
+def cuts_no_document(samples: Sequence[Sample], context: int) -> bool:
+    """Whether Megatron's fixed-length cut of ``samples`` (in this order) into ``context``-token
+    sequences leaves every one of them whole: none starts in one sequence and ends in the next."""
+    lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
+    ends = np.cumsum(lengths)
+    return bool(np.all((ends - lengths) // context == (ends - 1) // context))
+
+
+def uncut_fixed_plans(batch: Sequence[Sample], step: int, config) -> list[Plan]:
+    """Megatron's fixed-length packing's plan of ``batch`` where its cut leaves every document whole
+    (``cuts_no_document``; documents longer than the context cut first, as every candidate does):
+    under interleaving, where the slice-level candidates are not built, this is the only plan of
+    that spread (a probe cell on the fixed-length pieces, tp2 pp4 vpp4 cp4 dp8: SlimPack 0.991x of
+    it without)."""
+    from slimpack.strategies import make_planner  # the registry imports this package
+
+    samples = cut_to_context(batch, config.train.max_context)
+    if not cuts_no_document(samples, config.train.max_context):
+        return []
+    try:
+        return [make_planner("fixed", config).plan(samples, step=step)]
+    except ScheduleError:
+        return []
 
 
 def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
@@ -137,6 +169,8 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
     planner = SlimPipePlanner(config)
     samples = cut_to_context(batch, config.train.max_context)
     spreads = SEQUENCE_SPREADS if config.parallel.dp > 1 else ("sequences",)  # one replica: the same plan
+    if cuts_no_document(samples, config.train.max_context):
+        spreads = (*spreads, FIXED_LENGTH)
 
     def pipelines(own: list[list[list[Slice]]], heavy_first: list[int], n: int) -> Iterator[tuple[int, PipelinePlan]]:
         return ((r, planner.pipeline(own[r], r, n)) for r in heavy_first)
@@ -158,12 +192,16 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
 def _replica_sequences(samples: Sequence[Sample], spread: str, config) -> list[list[list[Slice]]]:
     """Per replica, its sequences (best-fit-decreasing within the context), heaviest first.
     ``sequences``: the batch is packed, then its sequences dealt by their FLOPs; ``documents``: the
-    documents are dealt by their FLOPs, then each replica packs its own. Both deal by FLOPs
+    documents are dealt by their FLOPs, then each replica packs its own; ``FIXED_LENGTH``: SlimPipe's
+    sequences and order (for a batch that cut leaves whole). The first two deal by FLOPs
     (longest-processing-time first), not round-robin: best-fit-decreasing puts the longest
     documents (the most attention) in the first sequences, and dealing those in turn gives the first
     replica the heavier of every pair (stress cell 67: 3.62 s against 3.45 s for SlimPipe's equal
     fixed-length sequences)."""
     context, dp = config.train.max_context, config.parallel.dp
+    if spread == FIXED_LENGTH:  # SlimPipe's own: data order, dealt in turn
+        _, sequences = pack_fixed_length(samples, context)
+        return [sequences[r::dp] for r in range(dp)]
     lengths = np.array([s.length for s in samples], dtype=np.int64)
     flops = model_training_flops(config.model, lengths.astype(np.float64))
     if spread == "documents":
@@ -228,6 +266,7 @@ def safest_plan(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, fitting
         clear_lead = fitting and lead < 1 - CLEAR_LEAD and _fastest_reference(plan, batch, cost,
                                                                                beat=bar / (1 - CLEAR_LEAD)) is None
         planned = [] if clear_lead else [Candidate.of(p) for p in baseline_plans(batch, plan.step, plan.config)]
+        planned += [Candidate.of(p) for p in uncut_fixed_plans(batch, plan.step, plan.config)]
         found = fastest_fitting([*planned, *sliced_sequence_plans(batch, plan.step, plan.config, first=sliced_first)],
                                 cost, beat=bar)
     if fitting and found is None:
@@ -280,7 +319,10 @@ def _fastest_reference(plan: Plan, batch: Sequence[Sample], cost: CostModel, *, 
 
 def _sliced_name(info: dict) -> str:
     """How a plan report names a slice-level candidate's plan (``sliced_sequence_plans``)."""
-    n, documents = info["num_slices"], info["spread"] == "documents"
+    n, spread = info["num_slices"], info["spread"]
+    if spread == FIXED_LENGTH:
+        return "fixed-length sequences in 1F1B" if n == 1 else f"sliced fixed-length sequences (n={n})"
+    documents = spread == "documents"
     if n == 1:
         return f"bfd sequences by FLOPs ({'documents dealt first' if documents else 'sequences dealt'})"
     return f"sliced bfd sequences (n={n}{', documents dealt first' if documents else ''})"
