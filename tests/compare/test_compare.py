@@ -122,15 +122,18 @@ def test_cli_json_and_report(cli, tmp_path, capsys):
     assert "fa3 kernels: GEMM 0.75 of peak" in markdown and "| strategy | fill/drain |" in markdown
 
 
-def _row(strategy, extra_work, window_tokens=1000):
-    """A row with only what the work-basis note reads set to something that matters."""
+def _row(strategy, extra_work, window_tokens=1000, pieces_cut_off=None):
+    """A row with only what the work-basis note reads set to something that matters (by default, a
+    strategy that cuts documents cut off 3 pieces)."""
+    if pieces_cut_off is None:
+        pieces_cut_off = 3 if strategy in ("fixed", "slimpipe") else 0
     return StrategyRow(strategy=strategy, steps=8, failed_steps=(), errors=(), tokens_per_s=1.0,
                        window_tokens=window_tokens, window_time_s=1.0, speedup_vs_fixed=None, step_time_mean_s=1.0,
                        step_time_p95_s=1.0, ideal_time_mean_s=1.0, efficiency=None if extra_work is None else 0.5,
                        extra_work_fraction=extra_work, schedule_efficiency=None, idle=None, bubble_fraction=None,
                        mfu=None, peak_memory_bytes=0.0, memory_capacity_bytes=None, oom_steps=(),
                        planner_time_p50_s=None, mean_delay_steps_per_token=0.0, held_after_window_tokens=0,
-                       drain_steps=0, drain_time_s=0.0, drain_tokens=0, held_after_drain_tokens=0)
+                       pieces_cut_off=pieces_cut_off, drain_steps=0, drain_time_s=0.0, drain_tokens=0, held_after_drain_tokens=0)
 
 
 def test_the_work_basis_note_names_the_strategies_that_cut_documents_with_their_work_against_slimpacks():
@@ -147,7 +150,12 @@ def test_the_work_basis_note_names_the_strategies_that_cut_documents_with_their_
     # without SlimPack, or on other tokens (a strategy that failed a step), no work figures
     for rows in ([_row("fixed", 0.125)], [_row("slimpack", 0.25), _row("fixed", 0.125, window_tokens=900)]):
         [note] = cut_document_notes(rows)
-        assert note.startswith("fixed cuts documents") and "against slimpack's" not in note
+        assert note.startswith("fixed cuts documents at sequence boundaries (3 pieces cut off over the window")
+        assert "against slimpack's" not in note
+    # where every document fits its sequence (a corpus chunked to the context) nothing was cut
+    [note] = cut_document_notes([_row("slimpack", 0.25), _row("fixed", 0.125, pieces_cut_off=0), _row("slimpipe", 0.3)])
+    assert note.startswith("slimpipe cuts documents") and "fixed" not in note
+    assert cut_document_notes([_row("fixed", 0.125, pieces_cut_off=0), _row("slimpipe", 0.3, pieces_cut_off=0)]) == []
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -228,3 +236,14 @@ def test_a_drain_that_does_not_fit_counts_as_out_of_memory():
     assert [s.result.oom for s in run.in_phase("window")] == [False]
     assert drain and drain[0].result.oom
     assert run.metrics().oom_steps == (drain[0].step,)
+
+
+def test_the_pieces_a_strategy_cuts_off_are_counted_and_none_on_a_corpus_chunked_to_the_context():
+    window = Window(warmup_steps=0, steps=2)
+    context = _config().train.max_context
+    for name in ("fixed", "slimpipe", "slimpack", "bfd"):
+        cut = run_strategy(name, _config(), load_dataset("pydocs"), window).metrics()
+        chunked = run_strategy(name, _config(), load_dataset(
+            f"synthetic:count=2000,median={context},sigma=0,tail_share=0,max_length={context}"), window).metrics()
+        assert chunked.pieces_cut_off == 0
+        assert (cut.pieces_cut_off > 0) == (name in ("fixed", "slimpipe"))

@@ -51,6 +51,9 @@ class StrategyRow:
     mean_delay_steps_per_token: float
     held_after_window_tokens: int
     """Tokens the strategy still held back at the window's end (carried, not drained into it)."""
+    pieces_cut_off: int
+    """Pieces the strategy cut off documents at sequence boundaries over the window (0 where every
+    document fits its sequence, as in a corpus already chunked to the context)."""
     drain_steps: int
     """Steps with no new samples run after the window to train what was held (not in the window)."""
     drain_time_s: float
@@ -124,16 +127,20 @@ def drain_notes(rows: Sequence[StrategyRow]) -> list[str]:
 
 
 def cut_document_notes(rows: Sequence[StrategyRow]) -> list[str]:
-    """A sentence on the strategies that ran and cut documents (``CUTS_DOCUMENTS``): their tokens/s
-    is for less work than whole documents need, so a lead of theirs is not for the same training.
-    Their modelled work is set against SlimPack's where it ran on the same tokens."""
-    cutting = [r for r in rows if r.strategy in CUTS_DOCUMENTS and r.extra_work_fraction is not None]
+    """A sentence on the strategies that ran and cut documents (``CUTS_DOCUMENTS``, where they did
+    cut some: ``pieces_cut_off``): their tokens/s is for less work than whole documents need, so a
+    lead of theirs is not for the same training. Their modelled work is set against SlimPack's where
+    it ran on the same tokens."""
+    cutting = [r for r in rows if r.strategy in CUTS_DOCUMENTS and r.extra_work_fraction is not None
+               and r.pieces_cut_off]
     if not cutting:
         return []
     names = " and ".join(r.strategy for r in cutting)
-    note = (f"{names} {'cuts' if len(cutting) == 1 else 'cut'} documents at sequence boundaries (a piece cut off "
-            "does not attend to its document's earlier tokens), so fewer attention pairs are trained than in "
-            "unpacked training on the same tokens")
+    pieces = " and ".join(f"{r.pieces_cut_off:,}" for r in cutting)
+    note = (f"{names} {'cuts' if len(cutting) == 1 else 'cut'} documents at sequence boundaries ({pieces} "
+            f"piece{'s' if len(cutting) > 1 or cutting[0].pieces_cut_off > 1 else ''} cut off over the window; a "
+            "piece cut off does not attend to its document's earlier tokens), so fewer attention pairs are "
+            "trained than in unpacked training on the same tokens")
     ours = next((r for r in rows if r.strategy == "slimpack" and r.extra_work_fraction is not None), None)
     if ours is not None and all(r.window_tokens == ours.window_tokens for r in cutting):
         # the same tokens have the same ideal work, so own work compares as (1 + extra work)

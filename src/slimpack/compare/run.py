@@ -85,6 +85,8 @@ class StepRecord:
     """Σ tokens × steps waited, over the samples this step trains."""
     held_tokens: int
     """Tokens the strategy holds back for later steps after this one."""
+    pieces_cut_off: int = 0
+    """Pieces the plan cut off documents at sequence boundaries (``PlannedStep.pieces_cut_off``)."""
     idle: IdleSplit | None = None
     """Where the step's idle device time went (fractions of device time, ``sim.idle``)."""
 
@@ -150,6 +152,7 @@ class StrategyRun:
             planner_time_p50_s=statistics.median(s.planner_time_s for s in ok) if ok else None,
             mean_delay_steps_per_token=sum(s.delayed_token_steps for s in ok) / tokens if tokens else 0.0,
             held_after_window_tokens=window[-1].held_tokens if window else 0,
+            pieces_cut_off=sum(s.pieces_cut_off for s in ok),
             drain_steps=len(self.in_phase("drain")),
             drain_time_s=sum(s.result.step_time_s for s in drain),  # type: ignore[union-attr]
             drain_tokens=sum(s.scheduled_tokens for s in drain),
@@ -221,7 +224,8 @@ def _record(stream: PlanStream, make_step: Callable[[], PlannedStep], phase: Pha
     replicas = {p: len(pipe.replicas) for p, pipe in enumerate(planned.plan.pipelines)}
     return StepRecord(step=step, phase=phase, error=None, planner_time_s=planned.planner_time_s, result=result,
                       scheduled_tokens=planned.trained_tokens, delayed_token_steps=planned.delayed_token_steps,
-                      held_tokens=stream.held_tokens, idle=idle_split(result, replicas) if idle else None), planned.plan
+                      held_tokens=stream.held_tokens, pieces_cut_off=planned.pieces_cut_off,
+                      idle=idle_split(result, replicas) if idle else None), planned.plan
 
 
 def run_strategy(name: str, config: Config, dataset: LengthDataset, window: Window, *, shuffle: bool = False,

@@ -73,6 +73,12 @@ class PlannedStep:
         return carried + [s.length for s in self.arrived if s.id not in deferred]
 
     @property
+    def pieces_cut_off(self) -> int:
+        """Samples this step trains beyond its documents: the pieces a strategy cut off documents
+        at sequence boundaries (``fixed``, SlimPipe; 0 for a plan of whole documents)."""
+        return len(self.plan.trained_samples) - len(self.trained_document_lengths)
+
+    @property
     def delayed_token_steps(self) -> int:
         """Σ tokens × steps waited, over the samples this step trains."""
         return sum(s.length * (self.step - s.arrival_step) for s in self.plan.trained_samples)
