@@ -1,7 +1,6 @@
 """Baselines under interleaving pad their micro-batch count to a multiple of pp (``rounds_of``), as
 the frameworks they stand for do, instead of failing Megatron's interleaved 1F1B."""
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +10,6 @@ from slimpack.plan.types import Sample, Slice, group_tokens
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
 from slimpack.strategies.base import rounds_of
-from slimpack.strategies.slimpack.shape import Shape
 from slimpack.strategies.wlb import WLBPlanner
 
 
@@ -82,20 +80,3 @@ def test_wlb_under_interleaving_counts_its_micro_batches_in_rounds_of_pp_even_in
     assert [len(p.forward) for p in drain.pipelines] == [2, 2] and not drain.deferred
     assert sorted(s.id for s in drain.trained_samples) == list(range(5))
     assert simulate(drain).step_time_s > 0
-
-
-@pytest.mark.parametrize(("vpp", "shape", "samples", "count"), [
-    (2, Shape(128, slicing=False), 75, 72),  # whole samples: at most one per sample, rounded down to rounds of pp
-    (2, Shape(90, slicing=True), 75, 88),  # sliced: the nearest multiple of pp
-    (2, Shape(92, slicing=True), 75, 96),
-    (2, Shape(6, slicing=True), 75, 6),  # within one round: as asked
-    (1, Shape(90, slicing=True), 75, 90),  # no interleaving: as asked
-    (1, Shape(128, slicing=False), 75, 75),
-])
-def test_slimpack_cuts_interleaved_pipelines_into_rounds_of_pp(vpp, shape, samples, count):
-    from slimpack.strategies.slimpack.phase1 import Bin
-    from slimpack.strategies.slimpack.planner import SlimPackPlanner
-
-    planner = SlimPackPlanner(build_config(parallel=ParallelConfig(tp=8, pp=8, virtual_stages=vpp),
-                                           model="llama2-70b", train=TrainConfig(max_context=8192)))
-    assert planner._group_count(Bin(replicas=(0,), items=tuple(range(samples)), load=1.0), shape) == count

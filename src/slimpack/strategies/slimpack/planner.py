@@ -290,23 +290,9 @@ class SlimPackPlanner:
                 whole = zip(ids[order].tolist(), repeat(0), lengths[order].tolist(), strict=False)
                 self._laid_out[bin_.items] = list(map(partial(tuple.__new__, Slice), whole))
             forward_cost, _ = self._slice_costs(shape.head_weight)
-            self._forward[key] = cut_into_groups(self._laid_out[bin_.items], self._group_count(bin_, shape),
-                                                 forward_cost, self._rules(shape, cp))
+            self._forward[key] = cut_into_groups(self._laid_out[bin_.items], shape.num_groups, forward_cost,
+                                                 self._rules(shape, cp))
         return self._forward[key]
-
-    def _group_count(self, bin_: Bin, shape: Shape) -> int:
-        """How many forward groups ``shape`` cuts the bin into: its count, at most one per sample for
-        whole samples, and under interleaving the nearest multiple of pp (whole samples: not above
-        one per sample). The interleaved order runs groups in rounds of pp; a count off a multiple
-        leaves a part round that costs far more than a group: with llama2-70b at pp 8, vpp 2, whole
-        samples of 75 documents per replica ran 17.03 s as 75 groups, 17.24 s as 70 and 14.36 s as
-        72 (an out-of-band probe cell); at pp 2 an odd count cost 0.1-0.7% (stress cells 18 and 157)."""
-        pp = self.config.parallel.pp
-        count = shape.num_groups if shape.slicing else min(shape.num_groups, len(bin_.items))
-        if self.config.parallel.virtual_stages == 1 or count <= pp:
-            return count
-        rounded = round(count / pp) * pp
-        return rounded - pp if not shape.slicing and rounded > len(bin_.items) else rounded
 
     def _rules(self, shape: Shape, cp: int) -> CutRules:
         """The cutting rules of ``shape`` on a pipeline of context-parallel degree ``cp``."""
