@@ -1,6 +1,7 @@
 """Baselines under interleaving pad their micro-batch count to a multiple of pp (``rounds_of``), as
 the frameworks they stand for do, instead of failing Megatron's interleaved 1F1B."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -10,6 +11,7 @@ from slimpack.plan.types import Sample, Slice, group_tokens
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
 from slimpack.strategies.base import rounds_of
+from slimpack.strategies.slimpack.shape import Shape
 from slimpack.strategies.wlb import WLBPlanner
 
 
@@ -80,3 +82,19 @@ def test_wlb_under_interleaving_counts_its_micro_batches_in_rounds_of_pp_even_in
     assert [len(p.forward) for p in drain.pipelines] == [2, 2] and not drain.deferred
     assert sorted(s.id for s in drain.trained_samples) == list(range(5))
     assert simulate(drain).step_time_s > 0
+
+
+@pytest.mark.parametrize(("shape", "counts"), [
+    (Shape(128, slicing=False), {72}),  # whole samples: at most the fewest samples (75), in rounds of pp
+    (Shape(72, slicing=False), set()),  # already a multiple
+    (Shape(90, slicing=True), {88, 96}),  # sliced: the multiples either side
+    (Shape(6, slicing=True), {8}),
+])
+def test_interleaved_slimpack_also_scores_its_leading_counts_in_rounds_of_pp(shape, counts):
+    from slimpack.strategies.slimpack.phase1 import Bin
+    from slimpack.strategies.slimpack.planner import SlimPackPlanner
+
+    planner = SlimPackPlanner(build_config(parallel=ParallelConfig(tp=8, pp=8, virtual_stages=2),
+                                           model="llama2-70b", train=TrainConfig(max_context=8192)))
+    bins = [Bin(replicas=(r,), items=tuple(range(100 * r, 100 * r + n)), load=1.0) for r, n in enumerate((75, 80))]
+    assert planner._in_rounds(shape, bins) == counts
