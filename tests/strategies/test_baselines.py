@@ -1,6 +1,8 @@
 """Each baseline's behaviour on small hand-made inputs."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import synthetic_batch
 from slimpack.config import ParallelConfig, TrainConfig, build_config
@@ -170,6 +172,26 @@ def test_slice_sequence_balances_cost_by_hand():
     # (x·1024 + x(x+1)/2 at x = 640: 860,480; at 768: 1,081,728, the nearer tile)
     halves = slice_sequence([Slice(7, 1024, 2048), Slice(8, 0, 1024)], 2, 128, pairs)
     assert halves == [(Slice(7, 1024, 1792),), (Slice(7, 1792, 2048), Slice(8, 0, 1024))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 700)), min_size=1, max_size=12),
+       st.sampled_from([1, 2, 3, 4, 8, 32]), st.sampled_from([1, 16, 128]))
+def test_slice_sequence_cuts_the_sequence_in_order(pieces, n, align):
+    """Whatever the cuts, the chunks' pieces read back the sequence in order, each within its chunk,
+    and a document between a chunk's two ends is its own slice, unchanged."""
+    sequence = [Slice(i, start, start + tokens) for i, (start, tokens) in enumerate(pieces)]
+    chunks = slice_sequence(sequence, n, align, lambda tokens, prefix: tokens * (prefix + tokens))
+    read = [piece for chunk in chunks for piece in chunk]
+    assert all(piece.start < piece.end for piece in read) and len(chunks) <= n
+    # consecutive pieces of one document join up; the joined pieces are the sequence
+    joined = [read[0]]
+    for piece in read[1:]:
+        last = joined[-1]
+        joined[-1:] = [Slice(last.sample_id, last.start, piece.end)] if piece.sample_id == last.sample_id else [last, piece]
+    assert joined == sequence
+    for chunk in chunks:
+        assert all(piece in sequence for piece in chunk[1:-1])
 
 
 def test_slimpipe_structure_and_choice_of_n():

@@ -157,6 +157,28 @@ def test_karmarkar_karp_matches_the_spelled_out_method(weights, k, equal_count):
     assert karmarkar_karp(weights, k, equal_count=equal_count) == spelled_out_karmarkar_karp(weights, k, equal_count)
 
 
+def spelled_out_best_fit_decreasing(lengths, capacity):
+    """Every bin scanned for each item: the least room that holds it, the lowest bin of equals."""
+    bins, rooms = [], []
+    for item in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        fits = [(room, b) for b, room in enumerate(rooms) if room >= lengths[item]]
+        if fits:
+            _, target = min(fits)
+        else:
+            target = len(bins)
+            bins.append([])
+            rooms.append(capacity)
+        bins[target].append(item)
+        rooms[target] -= lengths[item]
+    return bins
+
+
+@given(st.lists(st.integers(1, 12), max_size=80), st.integers(12, 40))
+def test_best_fit_decreasing_matches_the_spelled_out_method(lengths, capacity):
+    # small lengths make many bins of equal room: ties must go to the lowest bin
+    assert best_fit_decreasing(lengths, capacity) == spelled_out_best_fit_decreasing(lengths, capacity)
+
+
 @given(st.lists(st.integers(1, 100), max_size=60))
 def test_best_fit_decreasing_is_a_partition_under_capacity(lengths):
     bins = best_fit_decreasing(lengths, 100)

@@ -24,18 +24,22 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> Bins:
     "bfd")`` does with a segment tree; a sorted list of (room, bin) gives the same bins."""
     assert all(0 < n <= capacity for n in lengths), "every item must fit an empty bin"
     bins: Bins = []
-    rooms: list[tuple[int, int]] = []  # (room left, bin), sorted: the first with room >= n is the best fit
+    # (room left, bin) as one int, room * stride + bin, in a sorted list: the first at or past
+    # n * stride is the best fit (least room, then lowest bin), and ints bisect several times faster
+    # than tuples (best-fit-decreasing runs up to 10 times per SlimPack step)
+    stride = len(lengths)
+    rooms: list[int] = []
     # longest first, ties by index (a stable sort on the negated lengths, in numpy)
     for item in np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist():
         n = lengths[item]
-        pos = bisect_left(rooms, (n, -1))
+        pos = bisect_left(rooms, n * stride)
         if pos == len(rooms):
-            rooms_left, target = capacity, len(bins)
+            room_left, target = capacity, len(bins)
             bins.append([])
         else:
-            rooms_left, target = rooms.pop(pos)
+            room_left, target = divmod(rooms.pop(pos), stride)
         bins[target].append(item)
-        insort(rooms, (rooms_left - n, target))
+        insort(rooms, (room_left - n) * stride + target)
     return bins
 
 

@@ -18,7 +18,7 @@ in for what it achieves: every slice of a sequence takes about the same time. Mu
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from itertools import accumulate
@@ -99,17 +99,19 @@ def slice_sequence(sequence: Sequence[Slice], n: int, align: int, cost: SliceCos
     offsets = [0, *accumulate(tokens)]  # where each document starts in the sequence
     groups: list[Group] = []
     for a, b in zip(cuts, cuts[1:], strict=False):
-        pieces = []
-        k = bisect_right(offsets, a) - 1  # the document chunk [a, b) starts in
-        while k < len(sequence) and offsets[k] < b:
-            s, offset = sequence[k], offsets[k]
-            lo, hi = max(a, offset), min(b, offset + tokens[k])
-            if lo < hi:
-                pieces.append(Slice(s.sample_id, s.start + lo - offset, s.start + hi - offset))
-            k += 1
-        groups.append(tuple(pieces))
+        first, last = bisect_right(offsets, a) - 1, bisect_left(offsets, b) - 1  # the documents [a, b) meets
+        if first == last:
+            groups.append((_piece(sequence[first], offsets[first], a, b),))
+        else:  # the documents between the two ends are whole: their slices as they are (none is empty)
+            groups.append((_piece(sequence[first], offsets[first], a, b), *sequence[first + 1:last],
+                           _piece(sequence[last], offsets[last], a, b)))
     return groups
 
+
+def _piece(document: Slice, offset: int, a: int, b: int) -> Slice:
+    """The part of ``document`` (which starts at ``offset`` in its sequence) inside [a, b)."""
+    lo, hi = max(a, offset), min(b, offset + document.end - document.start)
+    return Slice(document.sample_id, document.start + lo - offset, document.start + hi - offset)
 
 class SlimPipePlanner:
     name = "slimpipe"
