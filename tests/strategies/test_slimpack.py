@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
@@ -17,6 +17,7 @@ from slimpack.strategies.slimpack import candidates
 from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_groups
 from slimpack.strategies.slimpack.groups import backward_sequence, formations, symmetric_backward
 from slimpack.strategies.slimpack.milp import rebalance
+from slimpack.strategies.slimpack import phase1
 from slimpack.strategies.slimpack.phase1 import balance, plan_merges
 from slimpack.strategies.slimpack.planner import EXACT_RANKS, SlimPackPlanner
 from slimpack.strategies.slimpack.shape import SYMMETRIC, Shape, rank
@@ -221,6 +222,32 @@ def test_balance_puts_every_item_on_a_pipeline_wide_enough_for_it(costs, dp, nee
     for b in bins:
         for item in b.items:
             assert len(b.replicas) >= min(min_ways[item], widest)
+
+@settings(max_examples=80, deadline=None)
+@given(costs=st.lists(st.integers(1, 6).map(float), min_size=2, max_size=40), dp=st.integers(3, 8),
+       needs=st.lists(st.sampled_from((1, 1, 1, 2, 3)), min_size=40, max_size=40),
+       speeds=st.dictionaries(st.integers(2, 8), st.sampled_from((0.5, 0.75, 1.0, 1.25)), max_size=4))
+def test_balance_places_each_item_as_the_spelled_out_rule_does(costs, dp, needs, speeds):
+    """Heaviest first, each item to the bin (of those wide enough) that ends least loaded per unit
+    of speed, the lower bin of equals; then the same improving moves. Small integer costs make ties."""
+    min_ways = [min(n, dp) for n in needs[:len(costs)]]
+    merges = plan_merges(costs, dp, merge_share=1.0, min_ways=min_ways)
+    ways = [k for _, k in merges] + [1] * (dp - sum(k for _, k in merges))
+    width = [k * speeds.get(k, 1.0) for k in ways]
+    assume(len(set(width)) == len(set(ways)))  # one width per replica count (the heaps' premise)
+    need = [min(n, max(ways)) for n in min_ways]
+    members = [[i] for i, _ in merges] + [[] for _ in range(len(ways) - len(merges))]
+    loads = [costs[i] for i, _ in merges] + [0.0] * (len(ways) - len(merges))
+    merged = {i for i, _ in merges}
+    for item in sorted((i for i in range(len(costs)) if i not in merged), key=lambda i: (-costs[i], i)):
+        target = min((b for b in range(len(ways)) if ways[b] >= need[item]),
+                     key=lambda b: ((loads[b] + costs[item]) / width[b], b))
+        members[target].append(item)
+        loads[target] += costs[item]
+    phase1._improve(costs, members, loads, width, merged, need, ways)
+    bins = balance(costs, dp, merges, merged_speed=speeds, min_ways=min_ways)
+    assert [list(b.items) for b in bins] == members
+
 
 def test_dp_merge_runs_an_outlier_with_context_parallelism():
     config = _config(pp=2, dp=4, context=131072)

@@ -95,12 +95,20 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     if merged:
         heaviest_first = [i for i in heaviest_first if i not in merged]
     only = next(iter(heaps)) if len(heaps) == 1 else None  # one pipeline width: every bin is wide enough
+    by_width = list(heaps.items())
+    ways = [len(r) for r in bins_replicas]
     for item in heaviest_first:
         if only is not None:
             w = only
-        else:
-            wide_enough = [w for w in heaps if len(bins_replicas[heaps[w][0][1]]) >= need[item]]
-            w = min(wide_enough, key=lambda w: ((heaps[w][0][0] + costs[item]) / w, heaps[w][0][1]))
+        else:  # the heap top that ends least loaded per unit of speed (then the lower bin) among the wide enough
+            # (a plain loop: this runs for each of 10^4-10^5 items, several times per step)
+            cost, needed, best, best_bin = costs[item], need[item], math.inf, -1
+            for width_w, heap in by_width:
+                load, b = heap[0]
+                per = (load + cost) / width_w
+                if ways[b] >= needed and (per < best or (per == best and b < best_bin)):
+                    best, best_bin, w = per, b, width_w
+            assert best_bin >= 0, "the widest pipelines hold every item"
         load, target = heaps[w][0]
         members[target].append(item)
         loads[target] = load + costs[item]
