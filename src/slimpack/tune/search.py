@@ -55,11 +55,12 @@ PRUNED_BY_MEMORY = "pruned: model states plus the longest sample's activations e
 CONFIRM = 4
 """Front runners per strategy confirmed over the window, at most (per micro-batch cap). One step
 ranks layouts within a few percent only roughly, and three were often too few: over the 30
-best-vs-best tables of ``docs/tune`` (at 3), the window picked the third-screened of three in 31 of
-207 searches; a fourth front runner found 1.8% more for SlimPack at wikipedia 64K on 256 GPUs,
-6.1% more for ``fixed`` at cpython 128K on 64 GPUs, and, once interleaved SlimPack screened a
-layout higher (3070a21), the layout screened fourth, 0.9% behind, ran SlimPack's window 5.2% faster
-than the first at wikipedia 64K on 64 GPUs. A fourth costs one window run per strategy and cap."""
+best-vs-best tables of ``docs/tune`` (at 3, nineteenth session), the window picked the
+third-screened in 21 of the 138 searches that confirmed three. A fourth found 1.8% more for
+SlimPack at wikipedia 64K on 256 GPUs and 6.1% more for ``fixed`` at cpython 128K on 64 GPUs;
+once interleaved SlimPack screened another layout higher (3070a21), the one screened fourth, 0.9%
+behind the first, ran SlimPack's window 5.2% faster than it at wikipedia 64K on 64 GPUs. A fourth
+costs one window run per strategy and cap."""
 CONFIRM_WITHIN = 0.05
 """Screened layouts within this share of the strategy's best are front runners. One step ranks the
 layouts only roughly: over the 30 best-vs-best tables of ``docs/tune``, in 58 of the 162 searches
