@@ -13,11 +13,10 @@ from slimpack.plan import Sample, Slice, plan_to_dict
 from slimpack.plan.check import check_plan
 from slimpack.sim import simulate, step_time
 from slimpack.strategies import make_planner
-from slimpack.strategies.slimpack import candidates
+from slimpack.strategies.slimpack import candidates, phase1
 from slimpack.strategies.slimpack.cutting import CutRules, best_cut, cut_into_groups
 from slimpack.strategies.slimpack.groups import backward_sequence, formations, symmetric_backward
 from slimpack.strategies.slimpack.milp import rebalance
-from slimpack.strategies.slimpack import phase1
 from slimpack.strategies.slimpack.phase1 import balance, plan_merges
 from slimpack.strategies.slimpack.planner import EXACT_RANKS, SlimPackPlanner
 from slimpack.strategies.slimpack.shape import SYMMETRIC, Shape, rank
