@@ -113,6 +113,7 @@ def _piece(document: Slice, offset: int, a: int, b: int) -> Slice:
     lo, hi = max(a, offset), min(b, offset + document.end - document.start)
     return Slice(document.sample_id, document.start + lo - offset, document.start + hi - offset)
 
+
 class SlimPipePlanner:
     name = "slimpipe"
 
