@@ -85,35 +85,38 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     merged = {i for i, _ in merges}
     widest = max(map(len, bins_replicas))
     need = np.minimum(min_ways, widest).tolist() if min_ways else [1] * len(costs)
-    # one heap of (load, bin) per pipeline width: the best bin for an item is the best heap top
-    heaps: dict[float, list[tuple[float, int]]] = {}
-    for b, w in enumerate(width):
-        heaps.setdefault(w, []).append((loads[b], b))
+    ways = [len(r) for r in bins_replicas]
+    # one heap of (load, bin) per (replicas, width): the best bin for an item is the best heap top
+    # that is wide enough. Keyed by the replica count too, because two counts can share a width
+    # (3 merged replicas at a third of the speed each are as fast as one): one heap for both would
+    # show only its top's count, and an item that needs 3 replicas could land on a single one.
+    heaps: dict[tuple[int, float], list[tuple[float, int]]] = {}
+    for b, key in enumerate(zip(ways, width, strict=True)):
+        heaps.setdefault(key, []).append((loads[b], b))
     for heap in heaps.values():
         heapq.heapify(heap)
     heaviest_first = np.argsort(-np.asarray(costs, dtype=np.float64), kind="stable").tolist()  # ties: lower index first
     if merged:
         heaviest_first = [i for i in heaviest_first if i not in merged]
-    only = next(iter(heaps)) if len(heaps) == 1 else None  # one pipeline width: every bin is wide enough
-    by_width = list(heaps.items())
-    ways = [len(r) for r in bins_replicas]
+    only = next(iter(heaps)) if len(heaps) == 1 else None  # one kind of pipeline: every bin is wide enough
+    kinds = list(heaps.items())
     for item in heaviest_first:
         if only is not None:
-            w = only
+            key = only
         else:  # the heap top that ends least loaded per unit of speed (then the lower bin) among the wide enough
             # (a plain loop: this runs for each of 10^4-10^5 items, several times per step)
             cost, needed, best, best_bin = costs[item], need[item], math.inf, -1
-            for width_w, heap in by_width:
+            for kind, heap in kinds:
                 load, b = heap[0]
-                per = (load + cost) / width_w
-                if ways[b] >= needed and (per < best or (per == best and b < best_bin)):
-                    best, best_bin, w = per, b, width_w
+                per = (load + cost) / kind[1]
+                if kind[0] >= needed and (per < best or (per == best and b < best_bin)):
+                    best, best_bin, key = per, b, kind
             assert best_bin >= 0, "the widest pipelines hold every item"
-        load, target = heaps[w][0]
+        load, target = heaps[key][0]
         members[target].append(item)
         loads[target] = load + costs[item]
-        heapq.heapreplace(heaps[w], (loads[target], target))  # pop the lightest, push it back heavier
-    _improve(costs, members, loads, width, merged, need, [len(r) for r in bins_replicas])
+        heapq.heapreplace(heaps[key], (loads[target], target))  # pop the lightest, push it back heavier
+    _improve(costs, members, loads, width, merged, need, ways)
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 
 
