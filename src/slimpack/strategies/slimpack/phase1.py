@@ -81,17 +81,17 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
         members.append([])
         loads.append(0.0)
     speeds = merged_speed or {}
-    width = [len(r) * speeds.get(len(r), 1.0) for r in bins_replicas]
+    counts = [len(r) for r in bins_replicas]  # replicas per pipeline
+    width = [k * speeds.get(k, 1.0) for k in counts]
     merged = {i for i, _ in merges}
-    widest = max(map(len, bins_replicas))
+    widest = max(counts)
     need = np.minimum(min_ways, widest).tolist() if min_ways else [1] * len(costs)
-    ways = [len(r) for r in bins_replicas]
     # one heap of (load, bin) per (replicas, width): the best bin for an item is the best heap top
     # that is wide enough. Keyed by the replica count too, because two counts can share a width
     # (3 merged replicas at a third of the speed each are as fast as one): one heap for both would
     # show only its top's count, and an item that needs 3 replicas could land on a single one.
     heaps: dict[tuple[int, float], list[tuple[float, int]]] = {}
-    for b, key in enumerate(zip(ways, width, strict=True)):
+    for b, key in enumerate(zip(counts, width, strict=True)):
         heaps.setdefault(key, []).append((loads[b], b))
     for heap in heaps.values():
         heapq.heapify(heap)
@@ -116,7 +116,7 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
         members[target].append(item)
         loads[target] = load + costs[item]
         heapq.heapreplace(heaps[key], (loads[target], target))  # pop the lightest, push it back heavier
-    _improve(costs, members, loads, width, merged, need, ways)
+    _improve(costs, members, loads, width, merged, need, counts)
     return [Bin(tuple(r), tuple(m), load) for r, m, load in zip(bins_replicas, members, loads, strict=True)]
 
 
