@@ -1,6 +1,7 @@
 """SlimPack is memory-safe by construction and never behind the whole-sample baselines (issue 12)."""
 
 import dataclasses
+import re
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -78,6 +79,8 @@ def test_order_peak_memory_equals_the_simulators(lengths, pp, dp, memory_gib):
 @example(lengths=[128] * 22 + [1228, 13732, 18540, 45240], pp=1, vpp=1, dp=2, memory_gib=30.0,
          recompute="none")  # wins on merged replicas (the whole batch at cp 2)
 @example(lengths=[128, 28472], pp=1, vpp=1, dp=1, memory_gib=30.0, recompute="none")  # no cp holds its K and V
+@example(lengths=[14055, 31234, 20248, 31235, 20249], pp=1, vpp=1, dp=2, memory_gib=80.0,
+         recompute="none")  # kk's plan at 131,072-token micro-batches wins
 def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, dp, memory_gib, recompute):
     config = _config(pp=pp, dp=dp, memory_gib=memory_gib, recompute=recompute, context=65536,
                      vpp=vpp if pp > 1 else 1)
@@ -106,6 +109,7 @@ def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, 
         assert not result.oom
         assert result.step_time_s <= min(baseline_steps) * (1 + 1e-9)
     name, merged, width = plan.info["candidate"].partition(" on ")
+    name = re.sub(r" \([\d,]+-token micro-batches\)$", "", name)  # a baseline's plan at a larger cap
     assert name in ("slimpack", "fixed", *BASELINE_CANDIDATES) or name.startswith(
         ("sliced bfd", "bfd sequences by FLOPs", "sliced fixed-length", "fixed-length sequences"))
     assert not merged or width == f"{plan.info['merged_replicas']} merged replicas"
