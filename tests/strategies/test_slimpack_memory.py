@@ -52,6 +52,23 @@ def test_the_last_stage_cap_counts_the_lm_head_logits():
     assert caps[3] < caps[1]
 
 
+@pytest.mark.parametrize("pp", [2, 4])
+def test_under_interleaving_the_cap_counts_a_token_on_every_chunk_of_the_stage(pp):
+    """A sample's forwards run on every chunk of a stage before its first backward there, so with
+    2 virtual stages the stage keeps its tokens twice over half the layers each: the same cap as
+    without interleaving (same layers, embedding and head per stage), not twice it (as when only
+    the stage's first chunk was counted, which let DP-Merge put a 64K-token sample on too few
+    replicas: tp1 pp2 vpp2 dp128 found no plan at textbooks 64K on 256 GPUs)."""
+    plain, interleaved = _config(pp=pp, dp=1), _config(pp=pp, dp=1, vpp=2)
+    cost = CostModel(interleaved)
+    caps = activation_cap_tokens(interleaved, cost, cp=1, largest_group_tokens=8192)
+    free = [interleaved.cluster.usable_memory_bytes - cost.model_state_bytes(s) - cost.working_bytes(8192)
+            for s in range(pp)]
+    assert caps == pytest.approx([free[s] / (cost.activation_bytes(1.0, virtual_stage=s)
+                                             + cost.activation_bytes(1.0, virtual_stage=pp + s)) for s in range(pp)])
+    assert caps == pytest.approx(activation_cap_tokens(plain, CostModel(plain), cp=1, largest_group_tokens=8192))
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(1, 32768), min_size=1, max_size=30), pp=st.sampled_from([1, 2, 4]),
        dp=st.sampled_from([1, 2]), memory_gib=st.sampled_from([40.0, 80.0]))

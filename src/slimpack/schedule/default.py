@@ -33,12 +33,17 @@ def activation_cap_tokens(config: Config, cost: CostModel, *, cp: int, largest_g
     each stage's model states, its kept bytes per token (the last stage's include the LM head's
     float32 logits and head inputs), and the working set of the pipeline's largest group (a group
     of whole short samples can hold more tokens than the context). Negative when even one group's
-    working set does not fit."""
+    working set does not fit.
+    A token is counted on every model chunk of the stage: under interleaving a group's forward runs
+    on each of them before its backward frees the first, so at that moment the stage keeps its
+    tokens once per chunk (as ``CostModel.sample_floor_bytes`` counts a sample)."""
     working = cost.working_bytes(largest_group_tokens, cp=cp)
     usable = config.cluster.usable_memory_bytes
+    pp = config.parallel.pp
     return tuple((usable - cost.model_state_bytes(stage) - working)
-                 / cost.activation_bytes(1.0, virtual_stage=stage, cp=cp)
-                 for stage in range(config.parallel.pp))
+                 / sum(cost.activation_bytes(1.0, virtual_stage=chunk * pp + stage, cp=cp)
+                       for chunk in range(config.parallel.virtual_stages))
+                 for stage in range(pp))
 
 
 def default_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *, cp: int,
