@@ -327,6 +327,14 @@ class CostModel:
             kept += (self._logit_bytes + self._head_input_bytes) * tokens / cp
         return kept
 
+    def stage_activation_bytes(self, tokens: float, *, stage: int, cp: float | None = None) -> float:
+        """Bytes pipeline stage ``stage`` keeps for ``tokens`` tokens held on every model chunk it
+        runs (one chunk without interleaving): what it holds of a group once the group's forwards
+        have run on all its chunks and before its first backward there frees any."""
+        par = self.config.parallel
+        return sum(self.activation_bytes(tokens, virtual_stage=chunk * par.pp + stage, cp=cp)
+                   for chunk in range(par.virtual_stages))
+
     def sample_floor_bytes(self, tokens: float, *, cp: float) -> float:
         """The least peak memory of the fullest stage for any plan that trains a sample of
         ``tokens`` tokens over ``cp`` context-parallel ranks: model states plus the sample's kept
@@ -334,11 +342,8 @@ class CostModel:
         before the backward of its last slice there, so at that moment all of them are held,
         however the sample is sliced or grouped; and every cp rank keeps the whole sample's K and V,
         so no cp brings this below the states plus those (``cp=math.inf`` gives that limit)."""
-        par = self.config.parallel
-        return max(self.model_state_bytes(stage)
-                   + sum(self.activation_bytes(tokens, virtual_stage=chunk * par.pp + stage, cp=cp)
-                         for chunk in range(par.virtual_stages))
-                   for stage in range(par.pp))
+        return max(self.model_state_bytes(stage) + self.stage_activation_bytes(tokens, stage=stage, cp=cp)
+                   for stage in range(self.config.parallel.pp))
 
     def layer_activation_bytes(self, tokens: float, *, cp: float | None = None) -> float:
         """Bytes one device keeps per transformer layer for ``tokens`` tokens (no stage extras)."""

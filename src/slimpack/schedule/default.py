@@ -34,16 +34,13 @@ def activation_cap_tokens(config: Config, cost: CostModel, *, cp: int, largest_g
     float32 logits and head inputs), and the working set of the pipeline's largest group (a group
     of whole short samples can hold more tokens than the context). Negative when even one group's
     working set does not fit.
-    A token is counted on every model chunk of the stage: under interleaving a group's forward runs
-    on each of them before its backward frees the first, so at that moment the stage keeps its
-    tokens once per chunk (as ``CostModel.sample_floor_bytes`` counts a sample)."""
+    A token is counted on every model chunk of the stage (``CostModel.stage_activation_bytes``):
+    under interleaving a group's forward runs on each of them before its backward frees the first,
+    so at that moment the stage keeps its tokens once per chunk, as it keeps a whole sample."""
     working = cost.working_bytes(largest_group_tokens, cp=cp)
     usable = config.cluster.usable_memory_bytes
-    pp = config.parallel.pp
     return tuple((usable - cost.model_state_bytes(stage) - working)
-                 / sum(cost.activation_bytes(1.0, virtual_stage=chunk * pp + stage, cp=cp)
-                       for chunk in range(config.parallel.virtual_stages))
-                 for stage in range(pp))
+                 / cost.stage_activation_bytes(1.0, stage=stage, cp=cp) for stage in range(config.parallel.pp))
 
 
 def default_order(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *, cp: int,

@@ -59,10 +59,10 @@ with three (nineteenth session), the window picked the third-screened in 21 of t
 that confirmed three, and a fourth found 1.8-6.1% more in two cells. With four (twentieth and
 twenty-first sessions), interleaved layouts that screened higher once SlimPack planned them better
 pushed its best layout at wikipedia 64K to fifth on both sizes: on step 0 it is 1.8% behind the
-first, over steps 2-9 4.5% ahead of the pick of four (64 GPUs; +1.9% on 256). A fifth finds it, and over the 15 64-GPU
-tables it lifted 3 SlimPipe picks by 0.4-1.6% for 1.5% more CPU in all; on the 256-GPU wikipedia
-64K search it cost nothing measurable (232 against 243 s). A front runner costs one window run per
-strategy and cap."""
+first, over steps 2-9 4.5% ahead of the pick of four (64 GPUs; +1.9% on 256). A fifth finds it,
+and over the 15 64-GPU tables it lifted 3 SlimPipe picks by 0.4-1.6% for 1.5% more CPU in all; on
+the 256-GPU wikipedia 64K search it cost nothing measurable (232 against 243 s). A front runner
+costs one window run per strategy and cap."""
 CONFIRM_WITHIN = 0.05
 """Screened layouts within this share of the strategy's best are front runners. One step ranks the
 layouts only roughly: over the 30 best-vs-best tables of ``docs/tune``, in 58 of the 162 searches
