@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.errors import UserError
-from slimpack.plan import Sample
+from slimpack.plan import Plan, Sample
 from slimpack.plan.check import check_plan
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
@@ -81,6 +81,38 @@ def test_the_merged_layouts_planners_keep_their_seeds_in_the_state():
     restored.load_state_dict(state)
     following = [Sample(id=100 + s.id, length=s.length) for s in BATCH]
     assert restored.plan(following, step=1).pipelines == planner.plan(following, step=1).pipelines
+
+
+class _TimedStandIn:
+    """A merged layout's planner whose plans take a set time, and that logs which width it planned."""
+
+    def __init__(self, config, k, step_s, log):
+        self.config, self.k, self.step_s, self.log = config, k, step_s, log
+
+    def plan(self, batch, *, step):
+        self.log.append(self.k)
+        return Plan(config=widened(self.config, self.k), strategy="slimpack", step=step, samples=tuple(batch),
+                    pipelines=(), info={"step_s": self.step_s})
+
+
+def test_a_full_search_step_tries_every_width_a_seeded_step_the_last_winner_first():
+    # the step is not monotonic in the width: these are wide probe 107's cell 55 (2, 4, 8 and 16
+    # merged replicas, 116.2 s on its own), where stopping at the first width not faster kept 2
+    config = _tight(dp=16)
+    own = make_planner("slimpack", _tight(dp=16, use_wide_merge=False)).plan(BATCH, step=0)  # memory is tight
+    planner, log = SlimPackPlanner(config), []
+    for k, step_s in {2: 117.7, 4: 123.4, 8: 111.5, 16: 134.0}.items():
+        planner._merged[k] = _TimedStandIn(config, k, step_s / 116.2 * own.info["step_s"], log)
+    best = planner._on_merged_replicas(own, BATCH, 0, full_search=True)
+    assert best.info["merged_replicas"] == 8 and log == [2, 4, 8, 16]
+    log.clear()
+    best = planner._on_merged_replicas(own, BATCH, 1, full_search=False)
+    assert best.info["merged_replicas"] == 8 and log == [8, 2]  # 2 is not faster than 8: the search stops
+    assert planner._merge_width == 8
+    planner._merged[8].step_s = 1.1 * own.info["step_s"]  # the last winner is no longer faster: the search stops there
+    log.clear()
+    best = planner._on_merged_replicas(own, BATCH, 2, full_search=False)
+    assert best is own and log == [8] and planner._merge_width is None
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -134,17 +134,18 @@ class SlimPackPlanner:
                                    and knobs.use_wide_merge)
         self._merged: dict[int, SlimPackPlanner] = {}
         """The planners of the layouts with k replicas merged, by k (each keeps its own seed)."""
-        self._merge_won = False
-        """Whether the last step that tried merged replicas ran on them."""
+        self._merge_width: int | None = None
+        """How many merged replicas the last step that tried them ran on (None: on its own)."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": list(self._seed) if self._seed is not None else None, "merge_won": self._merge_won,
+        return {"seed": list(self._seed) if self._seed is not None else None, "merge_width": self._merge_width,
                 "sliced_first": list(self._sliced_first) if self._sliced_first is not None else None,
                 "merged": {str(k): planner.state_dict() for k, planner in self._merged.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._seed = Shape(*state["seed"]) if state.get("seed") is not None else None
-        self._merge_won = bool(state.get("merge_won", False))
+        width = state.get("merge_width")
+        self._merge_width = int(width) if width is not None else None
         first = state.get("sliced_first")
         self._sliced_first = (str(first[0]), int(first[1])) if first is not None else None
         self._merged.clear()
@@ -656,12 +657,17 @@ class SlimPackPlanner:
         search (for batches up to ``CANDIDATES_MAX_SAMPLES``, as the baseline candidates), on the
         steps after one where merged replicas won, and whenever memory holds a pipeline below
         1F1B's warm-up (``merged.throttled``): a plan per width tried would double a seeded step's
-        planning time, and consecutive batches are alike. Widths narrowest first, stopping at the
-        first that fits and is not faster than the best so far."""
+        planning time, and consecutive batches are alike. A full-search step tries every width:
+        the step is not monotonic in the width (wide probe 107, cell 55: 2, 4, 8 and 16 merged
+        replicas step 117.7, 123.4, 111.5 and 134.0 s against 116.2 s on their own), and wider
+        groups cross nodes or hold more. A seeded step tries the width that last won first, then
+        the others narrowest first, stopping at the first that fits and is not faster than the best
+        so far."""
         if not self._merge_whole_batch:
             return plan
         if plan is not None:
-            worth_a_plan = (full_search and len(batch) <= CANDIDATES_MAX_SAMPLES) or self._merge_won or throttled(plan)
+            worth_a_plan = ((full_search and len(batch) <= CANDIDATES_MAX_SAMPLES) or self._merge_width is not None
+                            or throttled(plan))
             if not worth_a_plan:  # decided before the peaks are computed: a pass over every pipeline's order
                 return plan
             usable = self.config.cluster.usable_memory_bytes
@@ -670,20 +676,26 @@ class SlimPackPlanner:
         # every plan the planner returns carries its simulated step (``safest_plan``), and a plan
         # of the widened layout takes the same time on the merged replicas (tests/strategies/test_wide_merge.py)
         best, best_s = plan, plan.info["step_s"] if plan is not None else float("inf")
-        self._merge_won = False
-        for k in merge_widths(self.config.parallel.dp):
+        widths = merge_widths(self.config.parallel.dp)
+        if not full_search and self._merge_width in widths:
+            widths.remove(self._merge_width)
+            widths.insert(0, self._merge_width)
+        self._merge_width = None
+        for k in widths:
             try:
                 merged = on_merged_replicas(self._merged_planner(k).plan(batch, step=step), self.config, k)
             except UserError:
                 continue  # nothing fits at this width either; a wider one may
             merged_s = merged.info["step_s"]
             if merged_s >= best_s:
+                if full_search:
+                    continue
                 break
             name = merged.info.get("candidate", self.name)
             best, best_s = dataclasses.replace(merged, info={
                 **merged.info, "candidate": f"{name} on {k} merged replicas", "merged_replicas": k,
                 "single_replicas": dict(plan.info) if plan is not None else None}), merged_s
-            self._merge_won = True
+            self._merge_width = k
         return best
 
 
