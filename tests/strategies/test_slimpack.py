@@ -171,7 +171,8 @@ def test_where_every_replica_is_merged_the_merged_pipelines_end_together(monkeyp
     # tp2 pp2, 7 replicas: a 200K sample needs 5 merged replicas (10 GPUs, across a node's link),
     # a 90K one needs 2 (4 GPUs, in a node); no replica is left single. Balanced as if k merged
     # replicas were k replicas' speed, the 5-wide pipeline ends about 1.5x after the 2-wide one;
-    # each width's speed measured, they end together and the step is shorter
+    # each width's speed measured, they end together at the shape's group count, and the step is
+    # shorter. The 5-wide one then runs fewer, larger groups (``_pipeline``) and ends first
     reshaped_with = []
     reshape = SlimPackPlanner._reshape_slow
     monkeypatch.setattr(SlimPackPlanner, "_reshape_slow", lambda self, bins, pipes, samples, ranked, *a:
@@ -188,11 +189,18 @@ def test_where_every_replica_is_merged_the_merged_pipelines_end_together(monkeyp
     assert float(plan.info["merged_speeds"]["2"]) > 1.0  # the 5-wide one is the reference (more replicas)
     # the re-balanced layout won; a pipeline slower than its score may still take another shape
     assert len(reshaped_with[-1]) > 1
-    alone = [step_time(dataclasses.replace(plan, pipelines=(p,)), planner.cost) for p in plan.pipelines]
-    assert max(alone) <= 1.06 * min(alone)
-    uniform = balance(_costs(planner, batch), 7, [(0, 5), (1, 2)], min_ways=[5, 2] + [1] * 150)
+    alone = {len(p.replicas): step_time(dataclasses.replace(plan, pipelines=(p,)), planner.cost)
+             for p in plan.pipelines}
     shape = Shape(num_groups=plan.info["num_groups"], backward=plan.info["backward"], slicing=plan.info["slicing"],
                   lookahead=plan.info["lookahead"], head_weight=plan.info["head_weight"])
+    five = next(p for p in plan.pipelines if len(p.replicas) == 5)
+    as_shaped = planner._memo_pipeline(phase1.Bin(five.replicas, tuple(sorted({s.sample_id for g in five.forward
+                                                                               for s in g})), 0.0), batch, shape)
+    as_shaped_s = step_time(dataclasses.replace(plan, pipelines=(as_shaped,)), planner.cost)
+    assert alone[2] <= as_shaped_s <= 1.06 * alone[2]
+    assert len(five.forward) < shape.num_groups == len(as_shaped.forward) and alone[5] < alone[2]
+    assert plan.info["step_s"] == pytest.approx(alone[2])
+    uniform = balance(_costs(planner, batch), 7, [(0, 5), (1, 2)], min_ways=[5, 2] + [1] * 150)
     uniform_alone = [step_time(dataclasses.replace(plan, pipelines=(planner._memo_pipeline(b, batch, shape),)),
                                planner.cost) for b in uniform]
     assert max(uniform_alone) >= 1.4 * min(uniform_alone)

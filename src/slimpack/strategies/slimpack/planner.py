@@ -117,6 +117,8 @@ class SlimPackPlanner:
         self.rules = CutRules(can_cut=knobs.use_slicing, min_slice=knobs.min_slice_tokens,
                               align=knobs.slice_align)
         self._built: dict[tuple, PipelinePlan] = {}
+        self._coarsened: dict[tuple, PipelinePlan] = {}
+        """A merged pipeline per shape, at the group count it runs fastest with (``_pipeline``)."""
         self._grouped: dict[tuple, tuple[tuple[Group, ...], ...]] = {}
         """A bin's (forward, backward) groups per shape but its look-ahead, within a step."""
         self._forward: dict[tuple, list[list[Slice]]] = {}
@@ -217,7 +219,7 @@ class SlimPackPlanner:
         and the refinement is kept only if it fits and does not make the pipeline's simulated step
         slower (the MILP balances group costs; the simulator also sees what that does to the
         schedule)."""
-        heuristic = self._memo_pipeline(bin_, samples, shape)
+        heuristic = self._pipeline(bin_, samples, shape)
         if milp is None or not heuristic.forward:
             return heuristic
         if time.perf_counter() >= milp.deadline:
@@ -231,6 +233,34 @@ class SlimPackPlanner:
             return refined
         milp.results.append(MilpResult([], "rejected by simulation", 0.0, 0.0))
         return heuristic
+
+    def _pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape) -> PipelinePlan:
+        """The pipeline the plan runs: the heuristic one; on merged replicas, ``shape`` with its
+        group count halved while that fits and runs faster (down to pp). The shape's count is the
+        search's for every pipeline, and a merged one spreads each group over its k replicas: a
+        256K document alone on 3 merged replicas at tp1 pp4 cp4, cut into the 90 groups the shape
+        asks for, ran 14.6 s, with 45, 22, 11 and 5 groups 9.6, 7.5, 7.1 and 8.0 s (wikipedia 256K,
+        256 GPUs). Over the merged pipelines of five such layouts the time fell, then rose, as the
+        count halved, so the halving stops at the first count that is not faster. Only the plan's
+        pipelines are built so: the search and the re-balancing score at the shape's count (with
+        coarser merged pipelines the re-balancing moved work onto the others and ended 3% slower
+        in tests/strategies/test_slimpack.py's all-merged case), so no pipeline ends later than
+        scored. Kept per step."""
+        if len(bin_.replicas) == 1:
+            return self._memo_pipeline(bin_, samples, shape)
+        key = (bin_.replicas, bin_.items, shape)
+        if key not in self._coarsened:
+            best = self._memo_pipeline(bin_, samples, shape)
+            fits_, best_s, _ = self._simulate([best]) if best.forward else (False, 0.0, 0.0)
+            count = shape.num_groups // 2
+            while fits_ and count >= self.config.parallel.pp:
+                coarser = self._memo_pipeline(bin_, samples, shape._replace(num_groups=count))
+                coarser_fits, time_s, _ = self._simulate([coarser])
+                if not (coarser_fits and time_s < best_s):
+                    break
+                best, best_s, count = coarser, time_s, count // 2
+            self._coarsened[key] = best
+        return self._coarsened[key]
 
     def _memo_pipeline(self, bin_: Bin, samples: Sequence[Sample], shape: Shape,
                        milp: MilpBudget | None = None) -> PipelinePlan:
@@ -558,7 +588,7 @@ class SlimPackPlanner:
 
     def _plan(self, batch: Sequence[Sample], *, step: int) -> Plan:
         began = time.perf_counter()
-        for memo in (self._built, self._grouped, self._forward, self._laid_out):
+        for memo in (self._built, self._coarsened, self._grouped, self._forward, self._laid_out):
             memo.clear()  # keys hold indices into this step's batch
         samples = list(batch)
         par = self.config.parallel
@@ -614,8 +644,11 @@ class SlimPackPlanner:
         # the pipelines scored as they stand: the score (their sub-plan's step) bounds each one's
         scored = {(b.replicas, b.items) for b in self._scored_bins(bins, samples)}
         bounded = {i for i, (b, p) in enumerate(zip(bins, pipelines, strict=True))
-                   if (b.replicas, b.items) in scored and self._built.get((b.replicas, b.items, shape)) is p}
-        pipelines, reshaped, times = self._reshape_slow(bins, pipelines, samples, ranked, scores[shape][1], bounded)
+                   if (b.replicas, b.items) in scored and self._pipeline(b, samples, shape) is p}
+        scored_s = scores[shape][1]
+        if any(len(bins[i].replicas) > 1 for i in bounded):  # a merged one may run fewer groups than scored
+            scored_s = self._simulate(pipelines[i] for i in sorted(bounded))[1]
+        pipelines, reshaped, times = self._reshape_slow(bins, pipelines, samples, ranked, scored_s, bounded)
         # formations are reported in the plan only (scoring does not need them)
         pipelines = [dataclasses.replace(p, formations=formations(p.forward)) for p in pipelines]  # type: ignore[arg-type]
         info = {"candidate": "slimpack", "search": "full" if seed is None else "seeded",
@@ -634,7 +667,7 @@ class SlimPackPlanner:
         # a plan's step is the slowest of its pipelines' steps alone (the gradient all-reduce and
         # optimizer of a stage wait for every pipeline): with every scored pipeline kept, the
         # score and the times of the others give it without simulating the plan again
-        step_s = max([scores[shape][1], *times]) if len(bounded) == len(scored) else step_time(plan, self.cost)
+        step_s = max([scored_s, *times]) if len(bounded) == len(scored) else step_time(plan, self.cost)
         plan = dataclasses.replace(plan, info={**info, "step_s": step_s})
         try:
             plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead, sliced_first=self._sliced_first)
