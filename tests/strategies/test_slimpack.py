@@ -40,6 +40,8 @@ def _tokens(plan, which):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.integers(1, 32768), min_size=1, max_size=40), pp=st.sampled_from([1, 2, 4]),
        dp=st.sampled_from([1, 2, 3]), switches=st.tuples(*[st.booleans()] * 4))
+# hypothesis seed 406: a candidate given up exactly at the threshold tied, won, and reported its bound
+@example(lengths=[747, 1062, 1193, 14604, 15609, 19540], pp=2, dp=2, switches=(False, False, False, False))
 def test_every_plan_validates_and_covers_every_token_once(lengths, pp, dp, switches):
     slicing, asymmetric, merge, milp = switches
     config = _config(pp=pp, dp=dp, use_slicing=slicing, use_asymmetric=asymmetric, use_dp_merge=merge,

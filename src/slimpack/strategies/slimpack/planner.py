@@ -356,8 +356,8 @@ class SlimPackPlanner:
         """(fits, step time, peak memory) of a sub-plan made of these pipelines alone. The layout
         keeps its full dp, so the gradient all-reduce costs what it costs in the whole plan. With
         ``give_up_at``, the pipelines (built as they are asked for) stop being simulated once the
-        step reaches it: the score is then a lower bound, which ranks the candidate behind every
-        fitting one faster than ``give_up_at``."""
+        step passes it: the score is then a lower bound above ``give_up_at``, which ranks the
+        candidate behind every fitting one that is not slower than ``give_up_at``."""
         step_s, peak = pipelines_step_and_peak(self.config, enumerate(pipelines), self.cost, give_up_at=give_up_at)
         return peak <= self.config.cluster.usable_memory_bytes, step_s, peak
 
@@ -382,7 +382,7 @@ class SlimPackPlanner:
     @staticmethod
     def _give_up_at(scores: dict[Shape, Score], shape: Shape) -> float:
         """Where scoring ``shape`` may stop: the EXACT_RANKS-th fastest fitting time so far. A
-        candidate that reaches it can rank no better than EXACT_RANKS-th, so the ranks the plan
+        candidate that passes it can rank no better than EXACT_RANKS-th, so the ranks the plan
         reads (the winner, the look-ahead leaders, the reshape shapes) stay exact; the lower ranks
         may change order, which only the memory fallback ladder reads (it checks every shape it
         tries). Whole-sample shapes are scored in full: their step is the lead that decides
