@@ -646,8 +646,8 @@ class SlimPackPlanner:
         bounded = {i for i, (b, p) in enumerate(zip(bins, pipelines, strict=True))
                    if (b.replicas, b.items) in scored and self._pipeline(b, samples, shape) is p}
         scored_s = scores[shape][1]
-        if any(len(bins[i].replicas) > 1 for i in bounded):  # a merged one may run fewer groups than scored
-            scored_s = self._simulate(pipelines[i] for i in sorted(bounded))[1]
+        if any(pipelines[i] is not self._memo_pipeline(bins[i], samples, shape) for i in bounded):
+            scored_s = self._simulate(pipelines[i] for i in sorted(bounded))[1]  # a merged one runs fewer groups than scored
         pipelines, reshaped, times = self._reshape_slow(bins, pipelines, samples, ranked, scored_s, bounded)
         # formations are reported in the plan only (scoring does not need them)
         pipelines = [dataclasses.replace(p, formations=formations(p.forward)) for p in pipelines]  # type: ignore[arg-type]
