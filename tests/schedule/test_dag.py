@@ -147,7 +147,7 @@ def test_the_graph_has_the_edges_of_the_dependency_rule(groupings, pp, chunks, r
         preds = graph.preds(node)
         stream = streams.index((kind, vstage))
         numbers = ([rule.p2p_source[stream] + group] if rule.p2p_source[stream] >= 0 else []) + \
-            rule.data[stream].get(group, [])
+            rule.data_needs(stream, group)
         expected = [(streams[s][0], g, streams[s][1]) for s, g in map(stream_group.__getitem__, numbers)]
         assert [(nodes[p][1].kind, nodes[p][1].group, nodes[p][1].chunk * pp + nodes[p][0]) for p, edge in preds if edge != SEQ] == expected
         assert [p for p, edge in preds if edge == SEQ] == ([] if node in graph.first else [node - 1])

@@ -214,8 +214,16 @@ class StreamDependencies:
     """Per stream, the number of its P2P source stream's first action (group g waits for that
     number + g), or -1 (no input from another virtual stage)."""
     data: list[dict[int, list[int]]]
-    """Per stream, group -> the numbers of the actions it waits for by data dependency (most groups
-    wait for none)."""
+    """Per stream, group -> the actions it waits for by data dependency, numbered from ``data_base``
+    (most groups wait for none). A sample's slices chain within one stream, so one dict of group
+    indices serves every stream of a kind, with the stream's first action as its base: building a
+    dict of action numbers per stream took most of the list scheduler's set-up under interleaving."""
+    data_base: list[int]
+    """Per stream, the number the entries of its ``data`` count from."""
+
+    def data_needs(self, stream: int, group: int) -> list[int]:
+        """The numbers of the actions group ``group`` of ``stream`` waits for by data dependency."""
+        return [self.data_base[stream] + number for number in self.data[stream].get(group, ())]
 
 
 def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]],
@@ -233,16 +241,21 @@ def dependencies(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Seque
     for kind, pairs in (("F", deps.forward), ("B", deps.backward)):
         for before, after in pairs:
             earlier[kind].setdefault(after, []).append(before)
-    p2p_source, data = [], []
-    for stream, (kind, vstage) in enumerate(streams):
+    p2p_source = []
+    for kind, vstage in streams:
         source = input_source(kind, vstage, num_vstages)
         p2p_source.append(-1 if source is None else first[number[(kind, source)]])
-        data.append({group: [first[stream] + before for before in befores] for group, befores in earlier[kind].items()})
+    data = [earlier[kind] for kind, _ in streams]
+    data_base = first[:-1]
     if deps.last_stage:  # the pipeline holds slices, so both kinds have streams
+        # the last stage's backwards also wait for forwards, another stream: that one stream's
+        # entries are whole action numbers (base 0)
         last_b, last_f = number[("B", num_vstages - 1)], number[("F", num_vstages - 1)]
+        data[last_b] = {group: [first[last_b] + before for before in befores] for group, befores in data[last_b].items()}
+        data_base[last_b] = 0
         for fg, bg in deps.last_stage:
             data[last_b].setdefault(bg, []).append(first[last_f] + fg)
-    return StreamDependencies(first, p2p_source, data)
+    return StreamDependencies(first, p2p_source, data, data_base)
 
 
 def build_graph(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], order: Order, *,

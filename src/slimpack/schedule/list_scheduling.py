@@ -53,7 +53,7 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     number = {stream: i for i, stream in enumerate(streams)}
     position = [0] * len(streams)
     needs = dependencies(forward, backward, streams, num_vstages=num_vstages)
-    first, p2p_source, data_needs = needs.first, needs.p2p_source, needs.data
+    first, p2p_source, data_needs, data_base = needs.first, needs.p2p_source, needs.data, needs.data_base
     finish: list[float | None] = [None] * first[-1]
     """Per action number, when it ends (None: not placed yet)."""
     # every device of a chunk runs the same Action objects, made once (in C) per kind, chunk and group
@@ -74,8 +74,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         source = p2p_source[stream]
         ready = 0.0 if source < 0 else finish[source + group]
         if ready is not None:
+            base = data_base[stream]
             for other in data_needs[stream].get(group, ()):
-                done = finish[other]
+                done = finish[base + other]
                 if done is None:
                     ready = None
                     break
