@@ -209,6 +209,28 @@ def test_where_every_replica_is_merged_the_merged_pipelines_end_together(monkeyp
     assert simulate(plan).step_time_s <= 0.92 * max(uniform_alone)
 
 
+def test_a_re_balanced_win_searches_the_shapes_again_and_keeps_the_faster_plan(monkeypatch):
+    # tp2 pp2, 6 replicas: a 150K sample needs merged replicas, a 90K one too. A re-balanced layout
+    # wins with 32 groups searched on phase 1's layout (6.97 s); searched again on the re-balanced
+    # layout, look-ahead 20 scores better, both are built, and its plan (6.91 s) is kept
+    built = []
+    build = SlimPackPlanner._build
+    monkeypatch.setattr(SlimPackPlanner, "_build", lambda self, finalist, *a: built.append(build(self, finalist, *a))
+                        or built[-1])
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=6),
+                          train=TrainConfig(max_context=262144, global_batch_tokens=1 << 20, recompute="none"),
+                          planner=PlannerConfig(use_wide_merge=False, use_milp=False))
+    batch = [Sample(id=0, length=150_000), Sample(id=1, length=90_000)] + [Sample(id=i, length=4096)
+                                                                           for i in range(2, 150)]
+    plan = SlimPackPlanner(config).plan(batch, step=0)
+    check_plan(plan)
+    assert plan.info["merged_speeds"] and plan.info["searched_again"] and plan.info["won_searched_again"]
+    (first, *_), (second, *_) = built
+    assert second.info["lookahead"] != first.info["lookahead"]
+    assert plan.info["step_s"] == second.info["step_s"] < first.info["step_s"]
+    assert simulate(plan).step_time_s == pytest.approx(plan.info["step_s"])
+
+
 def _costs(planner: SlimPackPlanner, batch: list[Sample]) -> list[float]:
     """Phase 1's per-sample costs, as the planner computes them."""
     forward, backward = planner._slice_costs(0.0)
