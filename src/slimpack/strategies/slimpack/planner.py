@@ -629,19 +629,20 @@ class SlimPackPlanner:
                     best = (scored[shape], layout_bins, shape, share, len(merges), scored, speeds)
         assert best is not None
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
+        score, bins, shape, share, num_merged, scores, merged_speeds = best
         finalists = [best]
-        if best[6]:
+        if merged_speeds:
             # a re-balanced layout won, with the shape searched on phase 1's layout, whose merged
             # pipelines ran slower than their estimated speed (at 256K contexts on 64 replicas the
             # search's sub-plans stepped 17-30 s, the re-balanced plan 8.1 s): the shapes are searched
             # again around it on the re-balanced layout. A shape that scores better there is built
             # too, and the faster plan stays: the scores read the most loaded pipelines only, and a
             # better score has come out as a slower plan
-            again = self._search(best[1], samples, best[2])
+            again = self._search(bins, samples, shape)
             tried += len(again)
             top = min(again, key=lambda c: (rank(again[c]), c))
-            if top != best[2] and rank(again[top]) < rank(best[0]):
-                finalists.append((again[top], best[1], top, best[3], best[4], {**best[5], **again}, best[6]))
+            if top != shape and rank(again[top]) < rank(score):
+                finalists.append((again[top], bins, top, share, num_merged, {**scores, **again}, merged_speeds))
         built = [self._build(finalist, samples, step, seed, tried, milp) for finalist in finalists]
         plan, fitting, lead, shape = min(built, key=lambda b: (not b[1], b[0].info["step_s"]))
         plan = dataclasses.replace(plan, info={**plan.info, "searched_again": len(finalists) > 1,
