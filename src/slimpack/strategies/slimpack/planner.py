@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -97,6 +97,21 @@ class MilpBudget:
 
     deadline: float
     results: list[MilpResult] = field(default_factory=list)
+
+
+class Finalist(NamedTuple):
+    """A layout and shape the step may be built with: the best of the merge shares and their
+    re-balanced layouts, and its shape searched again on that layout (``_plan``)."""
+
+    score: Score
+    bins: list[Bin]
+    shape: Shape
+    merge_share: float | None
+    num_merged: int
+    scores: dict[Shape, Score]
+    """Every shape scored on these bins (the memory fallbacks and the reshaping read their ranks)."""
+    merged_speeds: dict[int, float]
+    """The merged pipelines' speeds the bins were balanced with (empty: phase 1's own layout)."""
 
 
 class SlimPackPlanner:
@@ -604,7 +619,7 @@ class SlimPackPlanner:
         # holds[k-1] >= its length, found on the running maximum of ``holds``; dp if none)
         min_ways = (np.minimum(np.searchsorted(np.maximum.accumulate(holds), lengths) + 1, par.dp).tolist()
                     if knobs.use_dp_merge else [1] * len(samples))
-        best = None
+        best: Finalist | None = None
         tried = 0
         tried_merges: list[list[tuple[int, int]]] = []
         seed = self._seed if step % FULL_SEARCH_EVERY else None
@@ -625,29 +640,29 @@ class SlimPackPlanner:
                                in self._merged_speeds(loads, merges, min_ways, samples, bins, shape)]
                 tried += len(candidates) - 1
             for scored, layout_bins, speeds in candidates:
-                if best is None or rank(scored[shape]) < rank(best[0]):
-                    best = (scored[shape], layout_bins, shape, share, len(merges), scored, speeds)
+                if best is None or rank(scored[shape]) < rank(best.score):
+                    best = Finalist(scored[shape], layout_bins, shape, share, len(merges), scored, speeds)
         assert best is not None
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
-        score, bins, shape, share, num_merged, scores, merged_speeds = best
         finalists = [best]
-        if merged_speeds:
+        if best.merged_speeds:
             # a re-balanced layout won, with the shape searched on phase 1's layout, whose merged
             # pipelines ran slower than their estimated speed (at 256K contexts on 64 replicas the
             # search's sub-plans stepped 17-30 s, the re-balanced plan 8.1 s): the shapes are searched
             # again around it on the re-balanced layout. A shape that scores better there is built
             # too, and the faster plan stays: the scores read the most loaded pipelines only, and a
             # better score has come out as a slower plan
-            again = self._search(bins, samples, shape)
+            again = self._search(best.bins, samples, best.shape)
             tried += len(again)
             top = min(again, key=lambda c: (rank(again[c]), c))
-            if top != shape and rank(again[top]) < rank(score):
-                finalists.append((again[top], bins, top, share, num_merged, {**scores, **again}, merged_speeds))
+            if top != best.shape and rank(again[top]) < rank(best.score):
+                finalists.append(best._replace(score=again[top], shape=top, scores={**best.scores, **again}))
         built = [self._build(finalist, samples, step, seed, tried, milp) for finalist in finalists]
-        plan, fitting, lead, shape = min(built, key=lambda b: (not b[1], b[0].info["step_s"]))
+        kept = min(range(len(built)), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))
+        plan, fitting, lead = built[kept]
         plan = dataclasses.replace(plan, info={**plan.info, "searched_again": len(finalists) > 1,
-                                               "won_searched_again": plan is not built[0][0]})
-        self._seed = shape
+                                               "won_searched_again": kept > 0})
+        self._seed = finalists[kept].shape
         try:
             plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead, sliced_first=self._sliced_first)
             won = plan.info.get(plan.info["candidate"], {})
@@ -661,11 +676,10 @@ class SlimPackPlanner:
             plan = self._on_merged_replicas(plan, batch, step, full_search=seed is None)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
 
-    def _build(self, finalist: tuple, samples: list[Sample], step: int, seed: Shape | None, tried: int,
-               milp: MilpBudget | None) -> tuple[Plan, bool, float, Shape]:
-        """The plan of a finalist (score, bins, shape, merge share, merges, scores, merged speeds):
-        every pipeline built with its shape (memory fallbacks, slow pipelines reshaped), with its
-        step; whether it fits, its lead over whole samples, and its shape."""
+    def _build(self, finalist: Finalist, samples: list[Sample], step: int, seed: Shape | None, tried: int,
+               milp: MilpBudget | None) -> tuple[Plan, bool, float]:
+        """The plan of a finalist: every pipeline built with its shape (memory fallbacks, slow
+        pipelines reshaped), with its step; whether it fits, and its lead over whole samples."""
         _, bins, shape, share, num_merged, scores, merged_speeds = finalist
         ranked = sorted(scores, key=lambda c: (rank(scores[c]), c))
         pipelines, fallbacks, fitting = [], 0, True
@@ -705,7 +719,7 @@ class SlimPackPlanner:
         # score and the times of the others give it without simulating the plan again
         step_s = max([scored_s, *times]) if len(bounded) == len(scored) else step_time(plan, self.cost)
         plan = dataclasses.replace(plan, info={**info, "step_s": step_s})
-        return plan, fitting, lead, shape
+        return plan, fitting, lead
 
     def _on_merged_replicas(self, plan: Plan | None, batch: Sequence[Sample], step: int, *,
                             full_search: bool) -> Plan | None:
