@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from slimpack.compare.run import Window, run_strategy
 from slimpack.config import ParallelConfig, TrainConfig, build_config
@@ -322,19 +323,48 @@ def like_for_like(cells: list[dict]) -> tuple[int, list[tuple[float, int]]]:
     return compared, worst
 
 
-def behind_by_less_work(cells: list[dict]) -> tuple[list[int], list[int]]:
-    """The cells where SlimPack is below the best baseline, split by whether that baseline did less
-    forward and backward compute (device-seconds) on the same tokens than SlimPack: (less, not less).
-    A baseline that cuts documents at sequence boundaries wins that way: it trains less attention."""
-    less, not_less = [], []
+def trained_work_s(cell: dict) -> dict[str, float]:
+    """Whole-document seconds (``CostModel.whole_document_seconds``: no plan, no overheads) of what the
+    cell's step trains: the documents (SlimPack and the whole-document baselines) and the pieces of
+    their fixed-length cut (the cutting baselines). A property of the batch, not of any plan: the
+    pieces' figure is lower by the attention a cut-off piece no longer pays to its document's earlier
+    tokens, and equal where nothing is cut."""
+    config = cell_config(cell)
+    documents = stream_batches(load_dataset(cell["dataset"]), config, 1)[0]
+    pieces, _ = pack_fixed_length(documents, config.train.max_context)
+    cost = CostModel(config)
+    return {"documents": cost.whole_document_seconds([s.length for s in documents]),
+            "pieces": cost.whole_document_seconds([p.length for p in pieces])}
+
+
+def trained_work_ratio(name: str, work: dict[str, float]) -> float:
+    """What ``name`` trains over what SlimPack trains (both on whole documents' terms)."""
+    return work["pieces" if name in CUTTING else "documents"] / work["documents"]
+
+
+class Behind(NamedTuple):
+    """A cell where SlimPack is below the best baseline. A baseline that cuts documents trains less
+    work on the same tokens, so it can win on tokens/s while training less work per second."""
+
+    index: int
+    baseline: str
+    trained_work_ratio: float
+    """What the baseline trains over what SlimPack trains (``trained_work_ratio``)."""
+    work_rate_ratio: float
+    """SlimPack's trained work per second over the baseline's."""
+
+
+def behind_best_baseline(cells: list[dict], works: dict[int, dict[str, float]]) -> list[Behind]:
+    """The cells where SlimPack is below the best baseline (``works``: ``trained_work_s`` per cell)."""
+    rows = []
     for cell in cells:
         best = _best_fitting(cell, BASELINES)
         slim = cell["strategies"]["slimpack"]
-        if not best or not _slimpack_ok(cell) or slim["tokens_per_s"] >= best[1] or "work_s" not in slim:
+        if not best or not _slimpack_ok(cell) or slim["tokens_per_s"] >= best[1]:
             continue
-        winner = cell["strategies"][best[0]]
-        (less if winner["work_s"] < slim["work_s"] else not_less).append(cell["index"])
-    return less, not_less
+        ratio = trained_work_ratio(best[0], works[cell["index"]])
+        rows.append(Behind(cell["index"], best[0], ratio, slim["tokens_per_s"] / (best[1] * ratio)))
+    return rows
 
 
 def _work_ratio(cell: dict, name: str) -> float | None:
@@ -384,11 +414,22 @@ def report(cells: list[dict], command: str) -> str:
             f"ones on the documents, the cutting ones on the pieces), over the {compared} cells where SlimPack and "
             f"some baseline fit: SlimPack is at least every baseline in **{compared - len(behind)} of {compared}**; "
             f"behind in {len(behind)} {behind or ''}; worst ratio {_fmt(min(r for r, _ in worst))}.", ""]
-    less, not_less = behind_by_less_work(cells)
-    lines += [
-        f"Where SlimPack is below the best baseline ({len(less) + len(not_less)} cells), that baseline did less "
-        f"forward and backward compute than SlimPack on the same tokens in {len(less)} {less or ''} (it cut "
-        f"documents, so it trained less attention) and as much or more in {len(not_less)} {not_less or ''}.", ""]
+    works = {cell["index"]: trained_work_s(cell) for cell in cells}
+    lost = behind_best_baseline(cells, works)
+    less = [row for row in lost if row.trained_work_ratio < 1 - 1e-12]
+    same = sorted(row.index for row in lost if row.trained_work_ratio >= 1 - 1e-12)
+    if not lost:
+        lines += ["SlimPack is nowhere below the best baseline's tokens/s.", ""]
+    else:
+        lines += [
+            f"Where SlimPack is below the best baseline ({len(lost)} cells), that baseline trained less work "
+            f"than SlimPack on the same tokens in {len(less)} {sorted(row.index for row in less) or ''} (it cut "
+            f"documents at sequence boundaries: the pieces' whole-document work is "
+            f"{_range(1 - max(r.trained_work_ratio for r in less), 1 - min(r.trained_work_ratio for r in less)) if less else '-'} below "
+            f"the documents'), and the same work in {len(same)}{f' {same}' if same else ''}. Per second of step, "
+            f"SlimPack trains {_range(min(r.work_rate_ratio for r in lost), max(r.work_rate_ratio for r in lost), percent=False)}x "
+            f"the whole-document work that baseline trains (`trained_work_s`; the tokens/s ratio over the "
+            f"trained-work ratio).", ""]
     s = summarize(cells)
     fits = summarize([c for c in cells if _best_fitting(c, BASELINES)])
     lines += [
@@ -399,9 +440,9 @@ def report(cells: list[dict], command: str) -> str:
         f"ignores memory: where nothing else fits, SlimPack often fits only by holding fewer groups in flight, "
         f"which serialises the pipeline (the largest ratios are all such cells).", "",
         "| # | dataset | model | ctx | tok/GPU | tp pp vpp cp dp | recompute | slimpack tok/s | won by | best baseline | "
-        "ratio | its work / SlimPack's | best whole-doc | ratio | SlimPack on the pieces / best cutting | "
-        "step / bound |",
-        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---:|---|---:|---:|---:|"]
+        "ratio | its compute / SlimPack's | its trained work / SlimPack's | best whole-doc | ratio | "
+        "SlimPack on the pieces / best cutting | step / bound |",
+        "|---:|---|---|---:|---:|---|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|"]
     for cell in sorted(cells, key=lambda c: c["index"]):
         slim = cell["strategies"]["slimpack"]
         slim_text = "OOM" if slim["oom"] else ("failed" if slim["failed"] else f"{slim['tokens_per_s']:,.0f}")
@@ -412,6 +453,7 @@ def report(cells: list[dict], command: str) -> str:
             columns.append(_fmt(slim["tokens_per_s"] / best[1] if best and _slimpack_ok(cell) else None))
             if names is BASELINES:
                 columns.append(_fmt(_work_ratio(cell, best[0]) if best and _slimpack_ok(cell) else None))
+                columns.append(_fmt(trained_work_ratio(best[0], works[cell["index"]]) if best else None))
         on_pieces = _pieces_over_cutting(cell)
         columns.append(_fmt(on_pieces or None))  # failed on the pieces: no ratio
         bound = slim["step_s"] / slim["lower_bound_s"] if slim.get("lower_bound_s") else None
@@ -430,6 +472,12 @@ def _gpu(cell: dict) -> str:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _range(low: float, high: float, *, percent: bool = True) -> str:
+    """``low``-``high`` as percentages (or plain ratios), one figure where they round alike."""
+    text = [f"{v:.2%}" if percent else f"{v:.3f}" for v in (low, high)]
+    return text[0] if text[0] == text[1] else f"{text[0]}-{text[1]}"
 
 
 def main() -> int:
