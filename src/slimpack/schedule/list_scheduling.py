@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from slimpack.schedule.actions import Action, Order, SliceKey
-from slimpack.schedule.dag import ActionKey, dependencies
+from slimpack.schedule.dag import dependencies
 
 
 def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequence[SliceKey]], *,
@@ -46,7 +46,7 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     """What forward group g will keep on all chunks of device d."""
     orders: list[list[Action]] = [[] for _ in range(pp)]
     # a stream runs one kind of action on one virtual stage in group order; its head is its next
-    # action, with the time its predecessors are done (None while one is not placed) and its rank.
+    # action, with the time its predecessors are done (None while one is not placed) and its tie.
     # Streams are numbered (ties go to the earlier one), and every per-action table is a list
     # indexed by stream and group: this loop runs once per action of every candidate pipeline.
     streams = [(kind, vstage) for kind in ("B", "F") for vstage in range(num_vstages) if counts[kind]]
@@ -65,11 +65,26 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     device_of = [vstage % pp for _, vstage in streams]
     # a forward of a device's first chunk reserves what its group will keep on all the device's chunks
     reserves = [kind == "F" and vstage < pp for kind, vstage in streams]
+    backwards = [kind == "B" for kind, _ in streams]
+    num_groups = [counts[kind] for kind, _ in streams]
+    # Ties: a backward first; then Megatron's unit order (rounds of pp groups, a round through chunk
+    # 0 before chunk 1 for forwards, through the chunks in reverse for backwards); then the earlier
+    # stream. Each action's place in that order is one integer, its tie: the digits (kind, round,
+    # chunk, group within the round, stream) in mixed radix, so ties compare as those tuples do and
+    # the lowest digit, tie % num_streams, names the stream. A rank is then (start, tie).
+    num_streams, rounds = len(streams), max(counts.values()) // pp + 1
+    unit_order = {(kind, chunk): [((((kind == "F") * rounds + group // pp) * chunks
+                                    + (chunk if kind == "F" else chunks - 1 - chunk)) * pp + group % pp) * num_streams
+                                   for group in range(counts[kind])]
+                  for kind in counts for chunk in range(chunks)}
+    ties = [unit_order[(kind, vstage // pp)] for kind, vstage in streams]
+    """Per stream and group, the action's tie less its stream number."""
 
-    def head(stream: int) -> tuple[float | None, tuple, ActionKey] | None:
-        kind, vstage = streams[stream]
+    def head(stream: int) -> tuple[float | None, int, int] | None:
+        """The stream's next action: (when its predecessors are done, None while one is not placed;
+        its tie; its group), or None once the stream has run every group."""
         group = position[stream]
-        if group == counts[kind]:
+        if group == num_groups[stream]:
             return None
         source = p2p_source[stream]
         ready = 0.0 if source < 0 else finish[source + group]
@@ -82,13 +97,7 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
                     break
                 if done > ready:  # (not ``max``: this runs for every predecessor of every action)
                     ready = done
-        previous = heads[stream]
-        if previous is not None and previous[2][1] == group:  # only its readiness moved
-            return ready, previous[1], previous[2]
-        chunk = vstage // pp
-        # ties: backward first; then Megatron's unit order (rounds of pp groups, chunk by chunk)
-        order = (0, group // pp, chunks - 1 - chunk, group % pp) if kind == "B" else (1, group // pp, chunk, group % pp)
-        return ready, order, (kind, group, vstage)
+        return ready, ties[stream][group] + stream, group
 
     def waiting_on(kind: str, vstage: int) -> tuple[int, ...]:
         """The streams whose head may have been waiting for an action of stream (kind, vstage)."""
@@ -103,31 +112,31 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
     # Picks are kept per device: a device's pick changes only when it runs an action (its time,
     # memory and one of its heads move: all its streams are looked at again) or when a head of
     # one of its streams becomes ready (``waiters``: that head alone is weighed against the pick).
-    heads: list[tuple[float | None, tuple, ActionKey] | None] = [None] * len(streams)
-    heads[:] = [head(stream) for stream in range(len(streams))]
+    # A head's rank on its device is (its start: when it is ready or the device is free, whichever
+    # is later; its tie); the memory cap holds back a first-chunk forward whose group would not fit.
+    heads: list[tuple[float | None, int, int] | None] = [None] * num_streams
+    heads[:] = [head(stream) for stream in range(num_streams)]
     on_device: list[list[int]] = [[] for _ in range(pp)]
     for stream, device in enumerate(device_of):
         on_device[device].append(stream)
     # per device, its runnable action and its action blocked by the memory cap that start first,
-    # each as (start, tie order, stream, key), or ``nothing``, which ranks after every action
-    nothing = (math.inf,)
-    runnable: list[tuple] = [nothing] * pp
-    held_back: list[tuple] = [nothing] * pp
-
-    def rank_of(device: int, stream: int, entry: tuple[float, tuple, ActionKey]) -> tuple[tuple, bool]:
-        """The rank of a stream's ready head on its device, and whether the memory cap holds it back."""
-        ready, order, key = entry
-        rank = (ready if ready >= free[device] else free[device], order, stream, key)
-        return rank, reserves[stream] and live[device] + reserve[key[1]][device] > cap_bytes[device]
+    # each as (start, tie), or ``nothing``, which ranks after every action
+    nothing = (math.inf, 0)
+    runnable: list[tuple[float, int]] = [nothing] * pp
+    held_back: list[tuple[float, int]] = [nothing] * pp
 
     def pick(device: int) -> None:
         best = blocked = nothing
+        at, kept, cap = free[device], live[device], cap_bytes[device]
         for stream in on_device[device]:
             entry = heads[stream]
-            if entry is None or entry[0] is None:
+            if entry is None:
                 continue
-            rank, held = rank_of(device, stream, entry)
-            if held:
+            ready, tie, group = entry
+            if ready is None:
+                continue
+            rank = (ready if ready >= at else at, tie)
+            if reserves[stream] and kept + reserve[group][device] > cap:
                 if rank < blocked:
                     blocked = rank
             elif rank < best:
@@ -143,25 +152,32 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         if chosen is nothing:
             chosen = min(held_back)
             assert chosen is not nothing, "no action can start: the groups' dependencies form a cycle"
-        start, _, stream, key = chosen
-        kind, group, vstage = key
+        start, tie = chosen
+        stream = tie % num_streams
+        group = position[stream]
         device = device_of[stream]
         finish[first[stream] + group] = free[device] = start + seconds[stream][group]
-        if kind == "B":
+        if backwards[stream]:
             live[device] -= frees[stream][group]
-        elif vstage < pp:
+        elif reserves[stream]:
             live[device] += reserve[group][device]
         position[stream] += 1
         orders[device].append(actions[stream][group])
-        # on another device only a waiting head can have moved, from not ready to ready (a head
-        # whose inputs were all done keeps its readiness), so its pick becomes that head if it
-        # ranks first; the device that ran the action is picked again
+        # the stream's own head moved on; another stream's head can only have moved from not ready
+        # to ready (a head whose inputs were all done keeps its readiness), and on another device
+        # its pick becomes that head if it ranks first; the device that ran the action is picked again
+        heads[stream] = head(stream)
         for other in waiters[stream]:
+            entry = heads[other]
+            if other == stream or entry is None or entry[0] is not None:
+                continue
             heads[other] = entry = head(other)
             elsewhere = device_of[other]
             if elsewhere != device and entry is not None and entry[0] is not None:
-                rank, held = rank_of(elsewhere, other, entry)
-                if held:
+                ready, other_tie, other_group = entry
+                at = free[elsewhere]
+                rank = (ready if ready >= at else at, other_tie)
+                if reserves[other] and live[elsewhere] + reserve[other_group][elsewhere] > cap_bytes[elsewhere]:
                     if rank < held_back[elsewhere]:
                         held_back[elsewhere] = rank
                 elif rank < runnable[elsewhere]:
