@@ -179,10 +179,18 @@ def _work_s(result: SimResult, config) -> float:
     return result.work_time_s * config.parallel.pp * config.parallel.dp
 
 
+def _documents_and_pieces(config, dataset) -> tuple[list, list]:
+    """A cell's batch (its first step) and the pieces the fixed-length cut makes of it
+    (``fixed.pack_fixed_length``): what SlimPack trains and what the cutting baselines train."""
+    documents = stream_batches(dataset, config, 1)[0]
+    pieces, _ = pack_fixed_length(documents, config.train.max_context)
+    return documents, pieces
+
+
 def slimpack_on_pieces(config, dataset) -> dict:
     """SlimPack's record (one step) planning the pieces the fixed-length cut makes of the cell's batch
     (``fixed.pack_fixed_length``): the samples fixed and SlimPipe train, so the same attention work."""
-    pieces, _ = pack_fixed_length(stream_batches(dataset, config, 1)[0], config.train.max_context)
+    _, pieces = _documents_and_pieces(config, dataset)
     try:
         result = simulate(make_planner("slimpack", config).plan(pieces, step=0))
     except UserError as exc:
@@ -330,8 +338,7 @@ def trained_work_s(cell: dict) -> dict[str, float]:
     pieces' figure is lower by the attention a cut-off piece no longer pays to its document's earlier
     tokens, and equal where nothing is cut."""
     config = cell_config(cell)
-    documents = stream_batches(load_dataset(cell["dataset"]), config, 1)[0]
-    pieces, _ = pack_fixed_length(documents, config.train.max_context)
+    documents, pieces = _documents_and_pieces(config, load_dataset(cell["dataset"]))
     cost = CostModel(config)
     return {"documents": cost.whole_document_seconds([s.length for s in documents]),
             "pieces": cost.whole_document_seconds([p.length for p in pieces])}
@@ -417,19 +424,20 @@ def report(cells: list[dict], command: str) -> str:
     works = {cell["index"]: trained_work_s(cell) for cell in cells}
     lost = behind_best_baseline(cells, works)
     less = [row for row in lost if row.trained_work_ratio < 1 - 1e-12]
-    same = sorted(row.index for row in lost if row.trained_work_ratio >= 1 - 1e-12)
+    same = sorted(row.index for row in lost if row not in less)
     if not lost:
         lines += ["SlimPack is nowhere below the best baseline's tokens/s.", ""]
     else:
+        shortfalls = [1 - row.trained_work_ratio for row in less]
+        rates = [row.work_rate_ratio for row in lost]
         lines += [
             f"Where SlimPack is below the best baseline ({len(lost)} cells), that baseline trained less work "
             f"than SlimPack on the same tokens in {len(less)} {sorted(row.index for row in less) or ''} (it cut "
             f"documents at sequence boundaries: the pieces' whole-document work is "
-            f"{_range(1 - max(r.trained_work_ratio for r in less), 1 - min(r.trained_work_ratio for r in less)) if less else '-'} below "
-            f"the documents'), and the same work in {len(same)}{f' {same}' if same else ''}. Per second of step, "
-            f"SlimPack trains {_range(min(r.work_rate_ratio for r in lost), max(r.work_rate_ratio for r in lost), percent=False)}x "
-            f"the whole-document work that baseline trains (`trained_work_s`; the tokens/s ratio over the "
-            f"trained-work ratio).", ""]
+            f"{_range(min(shortfalls), max(shortfalls)) if less else '-'} below the documents'), and the same "
+            f"work in {len(same)}{f' {same}' if same else ''}. Per second of step, SlimPack trains "
+            f"{_range(min(rates), max(rates), percent=False)}x the whole-document work that baseline trains "
+            f"(`trained_work_s`; the tokens/s ratio over the trained-work ratio).", ""]
     s = summarize(cells)
     fits = summarize([c for c in cells if _best_fitting(c, BASELINES)])
     lines += [
