@@ -100,9 +100,9 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         return ready, ties[stream][group] + stream, group
 
     def waiting_on(kind: str, vstage: int) -> tuple[int, ...]:
-        """The streams whose head may have been waiting for an action of stream (kind, vstage)."""
+        """The other streams whose head may have been waiting for an action of stream (kind, vstage)."""
         step = 1 if kind == "F" else -1
-        near = [(kind, vstage), (kind, vstage + step)]
+        near = [(kind, vstage + step)]
         if kind == "F" and vstage == num_vstages - 1:
             near.append(("B", vstage))
         return tuple(number[stream] for stream in near if stream in number)
@@ -111,11 +111,10 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
 
     # Picks are kept per device: a device's pick changes only when it runs an action (its time,
     # memory and one of its heads move: all its streams are looked at again) or when a head of
-    # one of its streams becomes ready (``waiters``: that head alone is weighed against the pick).
+    # one of its streams becomes ready (``waiters``: the device is picked again).
     # A head's rank on its device is (its start: when it is ready or the device is free, whichever
     # is later; its tie); the memory cap holds back a first-chunk forward whose group would not fit.
-    heads: list[tuple[float | None, int, int] | None] = [None] * num_streams
-    heads[:] = [head(stream) for stream in range(num_streams)]
+    heads = [head(stream) for stream in range(num_streams)]
     on_device: list[list[int]] = [[] for _ in range(pp)]
     for stream, device in enumerate(device_of):
         on_device[device].append(stream)
@@ -164,24 +163,17 @@ def list_schedule(forward: Sequence[Sequence[SliceKey]], backward: Sequence[Sequ
         position[stream] += 1
         orders[device].append(actions[stream][group])
         # the stream's own head moved on; another stream's head can only have moved from not ready
-        # to ready (a head whose inputs were all done keeps its readiness), and on another device
-        # its pick becomes that head if it ranks first; the device that ran the action is picked again
+        # to ready (a head whose inputs were all done keeps its readiness), and then its device,
+        # whose time and memory have not moved since its last pick, is picked again; so is the
+        # device that ran the action
         heads[stream] = head(stream)
         for other in waiters[stream]:
             entry = heads[other]
-            if other == stream or entry is None or entry[0] is not None:
+            if entry is None or entry[0] is not None:
                 continue
             heads[other] = entry = head(other)
-            elsewhere = device_of[other]
-            if elsewhere != device and entry is not None and entry[0] is not None:
-                ready, other_tie, other_group = entry
-                at = free[elsewhere]
-                rank = (ready if ready >= at else at, other_tie)
-                if reserves[other] and live[elsewhere] + reserve[other_group][elsewhere] > cap_bytes[elsewhere]:
-                    if rank < held_back[elsewhere]:
-                        held_back[elsewhere] = rank
-                elif rank < runnable[elsewhere]:
-                    runnable[elsewhere] = rank
+            if entry[0] is not None and device_of[other] != device:
+                pick(device_of[other])
         pick(device)
         remaining -= 1
     return tuple(tuple(actions) for actions in orders)
