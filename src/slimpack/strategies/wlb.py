@@ -54,18 +54,16 @@ def sequence_shards(lengths: Sequence[int], cp: int) -> list[tuple[list[int], li
     pieces; a piece's prefix is where it starts in its document (its attention looks back that far)."""
     total = sum(lengths)
     bounds = [total * j // (2 * cp) for j in range(2 * cp + 1)]
-    starts = np.concatenate(([0], np.cumsum(lengths)))
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+    starts = ends - np.asarray(lengths, dtype=np.int64)
     shards = []
     for rank in range(cp):
-        tokens: list[int] = []
-        prefix: list[int] = []
+        tokens, prefix = [], []
         for chunk in (rank, 2 * cp - 1 - rank):
-            a, b = bounds[chunk], bounds[chunk + 1]
-            for doc, n in enumerate(lengths):
-                lo, hi = max(a, int(starts[doc])), min(b, int(starts[doc]) + n)
-                if lo < hi:
-                    tokens.append(hi - lo)
-                    prefix.append(lo - int(starts[doc]))
+            lo, hi = np.maximum(starts, bounds[chunk]), np.minimum(ends, bounds[chunk + 1])
+            held = lo < hi  # the documents this chunk holds a piece of, in order
+            tokens += (hi - lo)[held].tolist()
+            prefix += (lo - starts)[held].tolist()
         shards.append((tokens, prefix))
     return shards
 
