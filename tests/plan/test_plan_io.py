@@ -64,6 +64,8 @@ def _with(data, value, *path):
     (lambda d: _with(d, "x", "samples", 0, "length"), "plan.samples[0].length: expected int, got 'x'"),
     (lambda d: _with(d, [[[0, 0]]], "pipelines", 0, "forward"), "plan.pipelines[0].forward[0][0]: expected [sample_id, start, end]"),
     (lambda d: _with(d, [[[0, 0, 1.5]]], "pipelines", 0, "forward"), "plan.pipelines[0].forward[0][0]: expected an integer, got 1.5"),
+    (lambda d: _with(d, 2**63, "samples", 0, "id"), "plan.samples[0].id: 9223372036854775808 does not fit in a signed 64-bit integer"),
+    (lambda d: _with(d, [[[0, 0, -2**70]]], "pipelines", 0, "forward"), "plan.pipelines[0].forward[0][0]: -1180591620717411303424 does not fit"),
     (lambda d: _with(d, 5, "deferred"), "plan.deferred: expected list, got 5"),
     (lambda d: _with(d, "notes", "info"), "plan.info: expected dict, got 'notes'"),
     (lambda d: _with(d, "pack", "pipelines", 0, "formations"), "plan.pipelines[0].formations: expected list"),

@@ -81,7 +81,8 @@ class _Pass(NamedTuple):
     sample holds them."""
 
     sample: np.ndarray
-    """Each slice's sample, as an index into ``_Samples``."""
+    """Each slice's sample, as an index into ``_Samples`` (into the pipeline's own samples once
+    ``_check_pipeline`` renumbers them)."""
     start: np.ndarray
     end: np.ndarray
     group: np.ndarray

@@ -75,9 +75,15 @@ def _known_keys(data: dict[str, Any], keys: tuple[str, ...], where: str) -> None
         raise UserError(f"{where}: unknown field(s) {unknown}; valid: {', '.join(keys)}")
 
 
+INT64 = range(-2**63, 2**63)
+"""Ids, lengths and token positions are read into 64-bit arrays (the checker, the simulator)."""
+
+
 def _int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise UserError(f"{where}: expected an integer, got {value!r:.60}")
+    if value not in INT64:
+        raise UserError(f"{where}: {value} does not fit in a signed 64-bit integer")
     return value
 
 
@@ -120,7 +126,8 @@ def plan_from_dict(data: dict[str, Any], *, where: str = "plan") -> Plan:
     samples = []
     for i, raw in enumerate(_field(data, "samples", list, where)):
         at = f"{where}.samples[{i}]"
-        samples.append(Sample(id=_field(raw, "id", int, at), length=_field(raw, "length", int, at),
+        samples.append(Sample(id=_int(_field(raw, "id", int, at), f"{at}.id"),
+                              length=_int(_field(raw, "length", int, at), f"{at}.length"),
                               arrival_step=_optional(raw, "arrival_step", int, at, 0)))
         _known_keys(raw, SAMPLE_KEYS, at)
     deferred = tuple(_int(v, f"{where}.deferred[{i}]")
