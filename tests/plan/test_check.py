@@ -3,6 +3,7 @@ message that names the offending pipeline, pass, sample, token range or action."
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from helpers import config
 from random_plans import plans
 from slimpack.errors import ScheduleError
-from slimpack.plan.check import PlanError, check_plan
+from slimpack.plan.check import PlanError, check_groups, check_plan
 from slimpack.plan.types import Action, PipelinePlan, Plan, Sample, Slice
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -202,3 +203,98 @@ def test_an_interleaved_asymmetric_plan_gets_a_list_scheduled_order_that_checks(
         for chunk in (0, 1):
             assert stage.index(Action("F", 0, chunk)) < stage.index(Action("F", 1, chunk))
             assert stage.index(Action("B", 0, chunk)) < stage.index(Action("B", 1, chunk))
+
+
+def _covered_once(plan, sid, length, which):
+    """Whether pass ``which`` of the plan covers every token of sample ``sid`` exactly once, in one
+    pipeline, counted token by token (the oracle of the test below)."""
+    counts, owners = np.zeros(length, dtype=int), set()
+    for p, pipe in enumerate(plan.pipelines):
+        for s in (s for group in getattr(pipe, which) for s in group if s.sample_id == sid):
+            counts[s.start:s.end] += 1
+            owners.add(p)
+    return bool((counts == 1).all()) and len(owners) == 1, owners
+
+
+def _in_order(pipe, sid, which):
+    """Forward: a sample's slices, by start, in rising (group, position); backward: falling groups
+    (rising positions within one)."""
+    found = sorted((s.start, g, k) for g, group in enumerate(getattr(pipe, which))
+                   for k, s in enumerate(group) if s.sample_id == sid)
+    later = (lambda a, b: b > a) if which == "forward" else (lambda a, b: b < a)
+    return all(later(g0, g1) or (g0 == g1 and k1 > k0) for (_, g0, k0), (_, g1, k1) in zip(found, found[1:]))
+
+
+def _valid_groups(plan):
+    """The checker's group rules, restated token by token for small plans."""
+    lengths = {s.id: s.length for s in plan.samples}
+    if len(lengths) < len(plan.samples) or len(set(plan.deferred)) < len(plan.deferred) \
+            or not set(plan.deferred) <= set(lengths):
+        return False
+    slices = [(p, s) for p, pipe in enumerate(plan.pipelines) for which in PASSES
+              for group in getattr(pipe, which) for s in group]
+    if any(not group for pipe in plan.pipelines for which in PASSES for group in getattr(pipe, which)):
+        return False
+    if any(s.sample_id not in lengths or s.sample_id in plan.deferred or not 0 <= s.start < s.end <= lengths[s.sample_id]
+           for _, s in slices):
+        return False
+    for sid, length in lengths.items():
+        if sid in plan.deferred:
+            continue
+        (fwd_ok, fwd_owner), (bwd_ok, bwd_owner) = (_covered_once(plan, sid, length, which) for which in PASSES)
+        if not (fwd_ok and bwd_ok and fwd_owner == bwd_owner):
+            return False
+        pipe = plan.pipelines[fwd_owner.pop()]
+        cuts = [sorted((s.start, s.end) for g in getattr(pipe, which) for s in g if s.sample_id == sid) for which in PASSES]
+        if cuts[0] != cuts[1] or not all(_in_order(pipe, sid, which) for which in PASSES):
+            return False
+    return True
+
+
+@st.composite
+def _edited_plans(draw):
+    """A random plan after up to three random edits of its slices (most break it, some do not)."""
+    plan = draw(plans(max_length=300))
+    for _ in range(draw(st.integers(0, 3))):
+        p = draw(st.integers(0, len(plan.pipelines) - 1))
+        which = draw(st.sampled_from(PASSES))
+        groups = [list(g) for g in getattr(plan.pipelines[p], which)]
+        places = [(g, k) for g, group in enumerate(groups) for k in range(len(group))]
+        if not places:
+            continue
+        g, k = draw(st.sampled_from(places))
+        sid, start, end = groups[g][k]
+        edit = draw(st.sampled_from(["drop", "copy", "stretch", "swap", "split", "empty", "rename", "defer"]))
+        if edit == "drop":
+            groups[g].pop(k)
+        elif edit == "copy":
+            groups[draw(st.integers(0, len(groups) - 1))].append(groups[g][k])
+        elif edit == "stretch":
+            groups[g][k] = Slice(sid, max(0, start + draw(st.integers(-3, 3))), end + draw(st.integers(-3, 3)))
+        elif edit == "swap":
+            h, j = draw(st.sampled_from(places))
+            groups[g][k], groups[h][j] = groups[h][j], groups[g][k]
+        elif edit == "split" and end - start > 1:
+            cut = draw(st.integers(start + 1, end - 1))
+            groups[g][k:k + 1] = [Slice(sid, start, cut), Slice(sid, cut, end)]
+        elif edit == "empty":
+            groups.insert(draw(st.integers(0, len(groups))), [])
+        elif edit == "rename":
+            groups[g][k] = Slice(sid + draw(st.integers(1, 4)), start, end)
+        elif edit == "defer":
+            plan = dataclasses.replace(plan, deferred=(*plan.deferred, sid))
+        plan = _edit(plan, p, which, groups)
+    return plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(_edited_plans())
+def test_the_checker_accepts_exactly_the_plans_a_token_count_accepts(plan):
+    """The checker works on sorted columns of slices; counting each sample's tokens one by one in
+    each pass gives the same verdict, over random plans broken (or not) by chains of edits."""
+    try:
+        check_groups(plan)
+        accepted = True
+    except PlanError:
+        accepted = False
+    assert accepted == _valid_groups(plan)
