@@ -222,7 +222,7 @@ def _in_order(pipe, sid, which):
     found = sorted((s.start, g, k) for g, group in enumerate(getattr(pipe, which))
                    for k, s in enumerate(group) if s.sample_id == sid)
     later = (lambda a, b: b > a) if which == "forward" else (lambda a, b: b < a)
-    return all(later(g0, g1) or (g0 == g1 and k1 > k0) for (_, g0, k0), (_, g1, k1) in zip(found, found[1:]))
+    return all(later(g0, g1) or (g0 == g1 and k1 > k0) for (_, g0, k0), (_, g1, k1) in zip(found, found[1:], strict=False))
 
 
 def _valid_groups(plan):
