@@ -181,11 +181,11 @@ def _check_pipeline(p: int, fwd: _Pass, bwd: _Pass, samples: _Samples, owner: np
         problem[which] = np.minimum(problem[which], kind)
 
     flag(np.flatnonzero(owner[mine] >= 0), ALSO_SCHEDULED)
-    coverage_of = {}  # per pass (backward?): what ``_coverage`` found, for the message
+    found = {}  # per pass (backward?): the pass and what ``_coverage`` found there, for the message
     for run, coverage, order, reverse in ((fwd, FORWARD_COVERAGE, FORWARD_ORDER, False),
                                           (bwd, BACKWARD_COVERAGE, BACKWARD_ORDER, True)):
         reached, elsewhere, short = _coverage(run, lengths)
-        coverage_of[reverse] = reached, elsewhere
+        found[reverse] = run, reached, elsewhere
         flag(run.sample[elsewhere | short], coverage)
         absent = np.ones(len(mine), dtype=bool)  # a sample seen in one pass only is missing from the other
         absent[run.sample] = False
@@ -196,30 +196,27 @@ def _check_pipeline(p: int, fwd: _Pass, bwd: _Pass, samples: _Samples, owner: np
     if flagged.size:
         local = int(flagged[0])
         sample = int(mine[local])
-        kind = int(problem[local])
-        backward = kind in (BACKWARD_COVERAGE, BACKWARD_ORDER)
-        raise PlanError(_explain(f"pipelines[{p}]", local, kind, bwd if backward else fwd, coverage_of[backward],
+        raise PlanError(_explain(f"pipelines[{p}]", local, int(problem[local]), found,
                                  sid=int(samples.ids[sample]), length=int(lengths[local]), owner=int(owner[sample])))
     owner[mine] = p
 
 
-def _explain(where: str, sample: int, kind: int, run: _Pass, coverage: tuple[np.ndarray, np.ndarray], *,
+def _explain(where: str, sample: int, kind: int, found: dict[bool, tuple[_Pass, np.ndarray, np.ndarray]], *,
              sid: int, length: int, owner: int) -> str:
     """The message naming the problem ``kind`` of ``sample`` (an index into the pipeline's samples;
-    its id ``sid``, its ``length``, the pipeline that already ``owner``s it) and where it is:
-    ``run`` is the pass the problem is in (either, for the problems of both passes) and
-    ``coverage`` what ``_coverage`` found there."""
+    its id ``sid``, its ``length``, the pipeline that already ``owner``s it) and where it is.
+    ``found``: per pass (backward?), its slices and what ``_coverage`` found there."""
     if kind == ALSO_SCHEDULED:
         return f"{where}: sample {sid} is also scheduled in pipelines[{owner}]"
     if kind == CUT_DIFFERENTLY:
         return f"{where}: sample {sid} is cut into different slices in forward and backward"
     backward = kind in (BACKWARD_COVERAGE, BACKWARD_ORDER)
     at = f"{where}.backward" if backward else f"{where}.forward"
+    run, reached, elsewhere = found[backward]
     rows = np.flatnonzero(run.sample == sample)
     if kind in (FORWARD_COVERAGE, BACKWARD_COVERAGE):
         if not rows.size:
             return f"{at}: sample {sid} tokens [0, {length}) are in no group"
-        reached, elsewhere = coverage
         hit = rows[elsewhere[rows]]
         if not hit.size:
             return f"{at}: sample {sid} tokens [{int(run.end[rows[-1]])}, {length}) are in no group"

@@ -54,8 +54,9 @@ def sequence_shards(lengths: Sequence[int], cp: int) -> list[tuple[list[int], li
     pieces; a piece's prefix is where it starts in its document (its attention looks back that far)."""
     total = sum(lengths)
     bounds = [total * j // (2 * cp) for j in range(2 * cp + 1)]
-    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
-    starts = ends - np.asarray(lengths, dtype=np.int64)
+    sizes = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
     shards = []
     for rank in range(cp):
         tokens, prefix = [], []
