@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from slimpack.strategies import STRATEGIES
 from slimpack.tune import tune
 from slimpack.tune.report import best_rows, protocol, search_summary, to_json, write_report
 from slimpack.tune.search import CONFIRM, CONFIRM_WITHIN, DEFERRING_CONFIRM_WITHIN
+from slimpack.tune.trials import MAX_DEFAULT_WORKERS, default_workers
 
 HELP = "search tp/pp/vpp/stage split/cp/dp/recomputation for each strategy's best layout on N GPUs"
 
@@ -57,8 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"unmeasured steps before the confirmation window (default {DEFAULT_WARMUP_STEPS})")
     parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
                         help=f"measured confirmation window, as in compare (default {DEFAULT_WINDOW_STEPS})")
-    parser.add_argument("--workers", type=positive_int, default=min(2, os.cpu_count() or 1), metavar="N",
-                        help="worker processes running layouts (default: 2, or 1 on one core)")
+    workers = default_workers()
+    parser.add_argument("--workers", type=positive_int, default=workers, metavar="N",
+                        help=f"worker processes running layouts; the results are the same for any number (default: "
+                             f"one per CPU this process may use, at most {MAX_DEFAULT_WORKERS}: here {workers})")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-' for stdout)")
     parser.add_argument("--report", metavar="DIR", help="write tune.md, tune.json, tune.png and best-<strategy>.json")
     parser.add_argument("--output", metavar="FILE", default="tune-config.json",

@@ -9,10 +9,13 @@ Must not import torch.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from slimpack.collector import collector_paused
@@ -28,6 +31,12 @@ Phase = Literal["screen", "window"]
 SIMULATED = "simulated"
 SIMULATED_OOM = "simulated: exceeds GPU memory"
 PLAN_OOM = "pruned: its plan exceeds GPU memory (found from the plan's groups and order, not simulated)"
+MAX_DEFAULT_WORKERS = 8
+"""The most worker processes ``tune`` starts unless told (``default_workers``). Each holds the dataset
+and one layout's plans (about 0.3 GB at its peak on a 256-GPU search); beyond a few per strategy
+searched, the in-order search has little to hand out but layouts ahead of its frontier, which it
+may then prune (only ever measured on 2 cores: see docs/tune.md, "Workers")."""
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +116,25 @@ def run_trial(task: Task, dataset: Dataset) -> Trial:
     tokens_per_s = row.tokens_per_s_with_drain if task.phase == "screen" else row.tokens_per_s
     return Trial(status=SIMULATED, tokens_per_s=tokens_per_s, efficiency=row.efficiency,  # type: ignore[arg-type]
                  step_time_s=row.step_time_mean_s, peak_memory_bytes=row.peak_memory_bytes, **common)
+
+
+def default_workers(cgroup_cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """One worker per CPU this process may run on, at most ``MAX_DEFAULT_WORKERS``: the CPUs its
+    affinity allows, fewer where a cgroup (v2) CPU quota allows less (a container shows the host's
+    cores but may be given two of them). Trials are the same for any number of workers."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpus(cgroup_cpu_max)
+    return max(1, min(cpus, quota if quota is not None else cpus, MAX_DEFAULT_WORKERS))
+
+
+def _cgroup_cpus(path: Path) -> int | None:
+    """Whole CPUs a cgroup v2 ``cpu.max`` file ("quota period", or "max period") allows, at least
+    one; None where there is no such file or it sets no quota."""
+    try:
+        quota, period = path.read_text().split()
+        return None if quota == "max" else max(1, math.floor(int(quota) / int(period)))
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 _WORKER_DATASET: Dataset | None = None
