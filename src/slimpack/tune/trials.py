@@ -33,9 +33,9 @@ SIMULATED_OOM = "simulated: exceeds GPU memory"
 PLAN_OOM = "pruned: its plan exceeds GPU memory (found from the plan's groups and order, not simulated)"
 MAX_DEFAULT_WORKERS = 8
 """The most worker processes ``tune`` starts unless told (``default_workers``). Each holds the dataset
-and one layout's plans (about 0.3 GB at its peak on a 256-GPU search); beyond a few per strategy
-searched, the in-order search has little to hand out but layouts ahead of its frontier, which it
-may then prune (only ever measured on 2 cores: see docs/tune.md, "Workers")."""
+and one layout's plans (about 0.3 GB at its peak on a 256-GPU search), and past 8 the search gains
+little: replayed on a virtual clock, two 256-GPU searches ran only 1.2-1.3x faster on 16 workers
+than on 8 (an estimate, ``benchmarks/tune_workers.py``; timed only on 2 cores: docs/tune.md, "Workers")."""
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
