@@ -81,10 +81,17 @@ def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
             "position": tuple(runtime.position), "rows": sum(s.tokens for s in result.spans if s.kind == "F")}
 
 
-def early_exit(rank: int, world_size: int, plan: Plan) -> dict:
-    """Rank 1 dies before the step; the others must fail with a clear message, not hang."""
+def early_exit(rank: int, world_size: int, plan: Plan, ready_marker: str) -> dict:
+    """Rank 1 dies before the step; the others must fail with a clear message, not hang. Rank 1 waits
+    for rank 0's ``ready_marker`` (written once its process group is up): a rank that exits while
+    gloo still connects the mesh fails rank 0 inside ``init_process_group``, not in the step this is
+    about (seen once in CI)."""
     if rank == 1:
+        give_up = time.monotonic() + 60
+        while not os.path.exists(ready_marker) and time.monotonic() < give_up:
+            time.sleep(0.05)
         os._exit(7)
+    open(ready_marker, "w").close()  # noqa: SIM115 - an empty marker file
     began = time.monotonic()
     try:
         gradient_check(rank, world_size, plan, 0)

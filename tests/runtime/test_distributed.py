@@ -136,9 +136,9 @@ def test_merged_pipeline_is_context_parallel_over_its_replicas():
 # No wall-clock asserts below: ``spawn``'s own timeout bounds each run (a run past it raises a
 # LaunchError that says "timed out", which none of these tests expects), the messages show the cause.
 
-def test_dead_rank_fails_the_others_quickly():
+def test_dead_rank_fails_the_others_quickly(tmp_path):
     with pytest.raises(LaunchError) as info:
-        spawn(early_exit, 2, (_slimpack_plan(2, 1),), timeout_s=60, pg_timeout_s=20)
+        spawn(early_exit, 2, (_slimpack_plan(2, 1), str(tmp_path / "rank0-ready")), timeout_s=60, pg_timeout_s=20)
     text = str(info.value)
     assert "rank 1: exited with code 7" in text
     survivor = info.value.results[0]
