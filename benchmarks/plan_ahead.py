@@ -36,8 +36,8 @@ def run_mode(corpus: TextCorpus, config, strategy: str, steps: int, ahead: bool 
     for i in range(steps):
         began = time.perf_counter()
         item = items[i] if items is not None else next(loader)
-        tokens = {sid: torch.frombuffer(bytearray(corpus.sample_tokens(s.doc_index, s.chunk, config.train.max_context,
-                                                                       s.length)), dtype=torch.uint8).long()
+        tokens = {sid: torch.frombuffer(bytearray(corpus.sample_tokens(s, config.train.max_context)),
+                                        dtype=torch.uint8).long()
                   for sid, s in item.sources.items()}
         step_began = time.perf_counter()
         runtime.step(item.plan, tokens)

@@ -4,7 +4,7 @@ contexts), re-run as a user would type them, each as one `compare` run of every 
 comparison protocol's window (2 warm-up steps, 8 measured; the issue's runs were 2 steps, a horizon
 that flatters the deferring WLB-LLM on tokens/s).
 
-    python benchmarks/reported_commands.py [--only 1,3] [--warmup 2] [--steps 8]
+    python benchmarks/reported_commands.py [--only 1,3] [--warmup 2] [--steps 8] [--extra="--cut-documents"]
 
 Prints one markdown row per command: SlimPack's tokens/s and efficiency, its out-of-memory steps,
 the best baseline by tokens/s and by efficiency (fitting in memory), and the ratios. Simulated with
@@ -64,13 +64,14 @@ def main() -> int:
     parser.add_argument("--only", help="comma list of command numbers (1-based)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--extra", default="", help="flags added to every command, e.g. --extra=--cut-documents")
     args = parser.parse_args()
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(COMMANDS) + 1)
     print("| # | `slimpack compare` ... | SlimPack tokens/s | efficiency | SlimPack steps out of memory | "
           "best baseline by tokens/s | SlimPack / it | best baseline by efficiency | SlimPack / it | wall s |")
     print("|---:|---|---:|---:|---|---|---:|---|---:|---:|")
     for index in chosen:
-        command = COMMANDS[index - 1]
+        command = f"{COMMANDS[index - 1]} {args.extra}".strip()
         print(row(index, command, run(command, args.warmup, args.steps)), flush=True)
     return 0
 

@@ -247,3 +247,20 @@ def test_the_pieces_a_strategy_cuts_off_are_counted_and_none_on_a_corpus_chunked
             f"synthetic:count=2000,median={context},sigma=0,tail_share=0,max_length={context}"), window).metrics()
         assert chunked.pieces_cut_off == 0
         assert (cut.pieces_cut_off > 0) == (name in ("fixed", "slimpipe"))
+
+
+def test_with_cut_documents_every_strategy_trains_the_pieces_fixed_and_slimpipe_train(cli, capsys):
+    window = Window(warmup_steps=0, steps=2)
+    cut = dataclasses.replace(_config(), train=dataclasses.replace(_config().train, cut_documents=True))
+    rows = {name: run_strategy(name, cut, load_dataset("pydocs"), window).metrics()
+            for name in ("fixed", "slimpipe", "slimpack", "bfd")}
+    assert {r.pieces_cut_off for r in rows.values()} == {0}
+    assert len({r.window_tokens for r in rows.values()}) == 1  # one work basis: the same tokens, the same pieces
+    for name in ("fixed", "slimpipe"):  # their own cut is the stream's: the same steps
+        own = run_strategy(name, _config(), load_dataset("pydocs"), window).metrics()
+        assert own.pieces_cut_off > 0 and own.tokens_per_s == rows[name].tokens_per_s
+    assert cli(["compare", *SMALL, "--warmup", "0", "--steps", "2", "--strategies", "fixed,slimpack",
+                "--cut-documents"]) == 0
+    terminal = " ".join(capsys.readouterr().out.split())
+    assert "documents cut where fixed-length sequences end (--cut-documents)" in terminal
+    assert "cut documents at sequence boundaries (" not in terminal and "cuts documents" not in terminal

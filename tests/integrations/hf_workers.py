@@ -46,10 +46,11 @@ class HandStep:
     """A hand-made plan as a planned step: plan sample id i is the whole token row i."""
 
     def __init__(self, plan) -> None:
-        from types import SimpleNamespace
+        from slimpack.data import DocumentChunk
 
         self.plan = plan
-        self.sources = {s.id: SimpleNamespace(doc_index=s.id, chunk=0, length=s.length) for s in plan.samples}
+        self.sources = {s.id: DocumentChunk(id=s.id, length=s.length, doc_index=s.id, chunk=0, epoch=0)
+                        for s in plan.samples}
 
 
 def train_packed(rank: int, world_size: int, rows, config, num_steps: int, lr: float, strategy: str) -> dict:

@@ -51,3 +51,13 @@ def test_train_a_hugging_face_config_in_bf16(tmp_path, capsys):
     assert "transformers' " in capsys.readouterr().out
     losses = [r["loss"] for r in json.loads(log.read_text())]
     assert losses[2] < losses[0] < 6.0  # ln 256 = 5.55 at the start, then learning
+
+
+def test_train_runs_fixeds_pieces_when_the_stream_cuts_them(capsys):
+    """fixed cuts documents at sequence boundaries into pieces train has no text for (step 1 here);
+    with --cut-documents the stream makes those pieces, with their text, for any strategy."""
+    argv = ["train", "--steps", "2", "--max-context", "1000", "--global-batch-tokens", "4000", "--strategy", "fixed"]
+    assert run_cli(argv) == 2
+    assert "--cut-documents cuts the documents in the data stream" in capsys.readouterr().err
+    assert run_cli([*argv, "--cut-documents"]) == 0
+    assert "step 1: loss" in capsys.readouterr().out

@@ -46,12 +46,14 @@ def test_tp_must_divide_heads_and_kv_heads():
     assert any(x.stage_layers for x in found if x.pp * x.vpp == 8)
 
 
+@pytest.mark.parametrize("cut_documents", [False, True])
 @pytest.mark.parametrize("strategy", ["fixed", "kk", "slimpipe", "slimpack"])
-def test_floors_are_below_what_the_simulator_reports(strategy):
-    batches = stream_batches(WIKIPEDIA, BASE, 1)
+def test_floors_are_below_what_the_simulator_reports(strategy, cut_documents):
+    train = dataclasses.replace(BASE.train, cut_documents=cut_documents)  # the floors read the batch as cut
+    batches = stream_batches(WIKIPEDIA, dataclasses.replace(BASE, train=train), 1)
     lengths = [[s.length for s in b] for b in batches]
     for parallel in (ParallelConfig(tp=2, pp=2, dp=1), ParallelConfig(pp=4, dp=2, cp=2), ParallelConfig(tp=4, cp=2)):
-        config = build_config(model="llama2-7b", parallel=parallel, train=BASE.train)
+        config = build_config(model="llama2-7b", parallel=parallel, train=train)
         cost = CostModel(config)
         result = simulate(make_planner(strategy, config).plan(batches[0], step=0))
         assert time_floor_s(cost, lengths, strategy) <= result.step_time_s

@@ -92,6 +92,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, tr
         group.add_argument("--recompute", choices=("none", "selective", "full"),
                            help=f"activation recomputation (default {train.recompute})")
         group.add_argument("--seed", type=int, help=f"seed for batch sampling (default {train.seed})")
+        add_cut_documents_argument(group)
+
+
+def add_cut_documents_argument(parser: Any) -> None:
+    """--cut-documents / --no-cut-documents on a parser or an argument group (``TrainConfig.cut_documents``;
+    None unless given)."""
+    parser.add_argument("--cut-documents", action=argparse.BooleanOptionalAction, default=None,
+                        help="cut documents where fixed-length sequences of --max-context tokens end (as Megatron's "
+                             "fixed-length packing does) and train each piece on its own: every strategy then trains "
+                             "the pieces fixed and slimpipe train (default off: whole documents)")
 
 
 def add_dataset_arguments(parser: argparse.ArgumentParser, *, default: str = "wikipedia",
@@ -112,7 +122,9 @@ def dataset_from_args(args: argparse.Namespace) -> Dataset:
 
 def context_note(dataset: Dataset, config: Config) -> str:
     """The line every command that plans from lengths prints: what the context did to the documents."""
-    return f"{dataset.name}: {context_cut(dataset.lengths, config.train.max_context).describe()}"
+    pieces = ("; documents cut where fixed-length sequences end (--cut-documents): every strategy trains "
+              "those pieces" if config.train.cut_documents else "")
+    return f"{dataset.name}: {context_cut(dataset.lengths, config.train.max_context).describe()}{pieces}"
 
 
 PLANNER_SWITCHES = (("slicing", "use_slicing", "cut long samples into slices"),
@@ -138,7 +150,9 @@ def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Start from --config (or the command's default) and apply the flags that were given."""
-    training = {name: getattr(args, name, None) for name in ("max_context", "global_batch_tokens", "micro_batch_tokens", "recompute", "seed")}
+    training = {name: getattr(args, name, None)
+                for name in ("max_context", "global_batch_tokens", "micro_batch_tokens", "recompute", "seed",
+                             "cut_documents")}
     planner = {field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES}
     planner["milp_time_limit_s"] = getattr(args, "milp_time_limit_s", None)
     return configure(args.config or args.config_default, model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp,
@@ -182,8 +196,8 @@ def plan_summary(plan: Plan) -> str:
             f"{sum(s.length for s in scheduled)} tokens")
 
 
-__all__ = ["add_config_arguments", "add_dataset_arguments", "check_output", "config_from_args", "context_note",
-           "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
+__all__ = ["add_config_arguments", "add_cut_documents_argument", "add_dataset_arguments", "check_output",
+           "config_from_args", "context_note", "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
            "positive_float", "positive_int", "print_json", "runtime_config_from_args"]
 
 

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from slimpack.cli.common import (
+    add_cut_documents_argument,
     add_dataset_arguments,
     add_planner_arguments,
     config_from_args,
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most tokens a baseline packs into one micro-batch, the smallest cap tried (default: the "
                              "max context); larger caps memory allows are tried as layouts of their own")
     parser.add_argument("--seed", type=int, help="seed for batch sampling")
+    add_cut_documents_argument(parser)
     parser.add_argument("--strategies", default=",".join(STRATEGIES), metavar="A,B,...",
                         help=f"comma-separated strategies (default all: {','.join(STRATEGIES)})")
     parser.add_argument("--screen-steps", type=positive_int, default=1, metavar="S",

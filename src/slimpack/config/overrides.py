@@ -25,7 +25,7 @@ def configure(base: Config | str | None = None, *, model: str | ModelConfig | No
               dp: int | None = None, cp: int | None = None, vpp: int | None = None,
               max_context: int | None = None, global_batch_tokens: int | None = None,
               micro_batch_tokens: int | None = None, recompute: str | None = None, seed: int | None = None,
-              kernels: str | None = None,
+              cut_documents: bool | None = None, kernels: str | None = None,
               planner: Mapping[str, Any] | None = None) -> Config:
     """``base`` (a Config, a config file's path, or ``None`` for :func:`build_config`'s defaults)
     with the given values replaced: the model (a preset name, a Hugging Face ``config.json`` or a
@@ -38,7 +38,8 @@ def configure(base: Config | str | None = None, *, model: str | ModelConfig | No
         model=model or start.model, gpu=gpu or start.cluster,
         parallel=_override(start.parallel, tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=vpp),
         train=_override(start.train, max_context=max_context, global_batch_tokens=global_batch_tokens,
-                        micro_batch_tokens=micro_batch_tokens, recompute=recompute, seed=seed),
+                        micro_batch_tokens=micro_batch_tokens, recompute=recompute, seed=seed,
+                        cut_documents=cut_documents),
         efficiency=efficiency_preset(kernels) if kernels else start.efficiency,
         planner=_override(start.planner, **(planner or {})))
 

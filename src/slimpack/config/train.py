@@ -36,6 +36,12 @@ class TrainConfig(ConfigBase):
     """Shard fp32 master weights and Adam moments over the data-parallel group (ZeRO-1)."""
     seed: int = 0
     """Seed for batch sampling and any randomised planning step."""
+    cut_documents: bool = False
+    """Cut each batch's documents where fixed-length sequences of ``max_context`` tokens end, as
+    Megatron's fixed-length packing does, and train every piece as a sample of its own (a piece
+    does not attend to its document's earlier tokens). Every strategy then trains the same pieces
+    that ``fixed`` and SlimPipe make of the documents, so they compare on the same work; off,
+    those two cut the documents themselves and train less attention than the others."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.max_context, int) and self.max_context >= 1,
@@ -48,6 +54,8 @@ class TrainConfig(ConfigBase):
                 f"the longest sample; got {self.micro_batch_tokens!r}")
         require(self.layer_ops in ("slimpack", "transformers"),
                 f"layer_ops must be 'slimpack' or 'transformers', got {self.layer_ops!r}")
+        require(isinstance(self.cut_documents, bool),
+                f"cut_documents must be true or false, got {self.cut_documents!r}")
         require(self.recompute in ("none", "selective", "full"),
                 f"recompute must be 'none', 'selective' or 'full', got {self.recompute!r}")
 

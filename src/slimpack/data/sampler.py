@@ -84,6 +84,14 @@ class DocumentChunk:
     """Which chunk of that document (0 for a document that was not cut)."""
     epoch: int
     """Epoch of the stream this sample was taken from."""
+    offset: int = 0
+    """Its first token within its chunk: 0, or where a fixed-length sequence boundary cut the chunk
+    (``TrainConfig.cut_documents``; the stream then makes one such sample per piece)."""
+
+    def token_range(self, max_context: int) -> tuple[int, int]:
+        """Its tokens' [start, end) within its document: every reader of a sample's text uses this."""
+        start = self.chunk * max_context + self.offset
+        return start, start + self.length
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,7 @@ bytes (a byte-level tokenizer: token = byte, vocabulary 256, the ``tiny`` model'
 ``TextCorpus.stdlib()`` lists the files under ``sysconfig.get_paths()["stdlib"]`` (site-packages
 left out) in sorted path order; a document's length is its size in bytes, so the corpus is also a
 ``Dataset`` of lengths for the batch sampler, which cuts documents at ``max_context``. A sampler
-``DocumentChunk`` (document, chunk) maps back to its bytes with ``sample_tokens``.
+``DocumentChunk`` (document, chunk, offset) maps back to its bytes with ``sample_tokens``.
 Must not import torch.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from slimpack.data.dataset import Dataset
+from slimpack.data.sampler import DocumentChunk
 from slimpack.errors import UserError
 
 VOCAB_SIZE = 256
@@ -44,11 +45,11 @@ class TextCorpus:
         return Dataset(name="cpython-stdlib", lengths=lengths,
                        source=f"{len(self.paths)} *.py files under {self.root} (bytes, sorted paths)")
 
-    def sample_tokens(self, doc_index: int, chunk: int, max_context: int, length: int) -> bytes:
-        """The bytes of chunk ``chunk`` (``length`` tokens) of document ``doc_index``."""
-        data = self.paths[doc_index].read_bytes()
-        start = chunk * max_context
-        piece = data[start:start + length]
-        if len(piece) != length:
-            raise UserError(f"{self.paths[doc_index]} changed while training: expected {length} bytes at {start}")
+    def sample_tokens(self, source: DocumentChunk, max_context: int) -> bytes:
+        """The bytes of the sampler's sample ``source`` (a document, a chunk of it, or a piece of one)."""
+        start, end = source.token_range(max_context)
+        piece = self.paths[source.doc_index].read_bytes()[start:end]
+        if len(piece) != end - start:
+            raise UserError(f"{self.paths[source.doc_index]} changed while training: expected {end - start} bytes "
+                            f"at {start}")
         return piece

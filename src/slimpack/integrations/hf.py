@@ -57,13 +57,13 @@ PADDING_TOKEN = 0
 FRAMEWORK = "Hugging Face data parallelism"
 
 SampleKey = tuple[int, int, int]
-"""(row of the token dataset, first token, end token): one sample, a whole row or a chunk of it."""
+"""(row of the token dataset, first token, end token): one sample, a whole row, a chunk or a piece of it."""
 
 
 class _Source(Protocol):
     doc_index: int
-    chunk: int
-    length: int
+
+    def token_range(self, max_context: int) -> tuple[int, int]: ...
 
 
 class _PlannedStep(Protocol):
@@ -95,7 +95,7 @@ class PlanBatchSampler(Sampler[list[SampleKey]]):
     """One rank's micro-batches over a stream of plans: each item is a list of :data:`SampleKey`.
 
     ``steps`` yields objects with ``plan`` and ``sources`` (``slimpack.strategies.stream.PlannedStep``:
-    plan sample id -> the sampler's sample, with its document index and chunk). Plans must be
+    plan sample id -> the sampler's sample, with its document and ``token_range``). Plans must be
     whole-sample, or are lowered to that form with ``lower=True``; every rank gets the same number
     of micro-batches per step (``micro_batches_per_step``), padding micro-batches (empty lists,
     which :func:`packed_batch` turns into the padding row) at the end of a step where its replica
@@ -133,8 +133,7 @@ class PlanBatchSampler(Sampler[list[SampleKey]]):
 
 
 def _key(source: _Source, max_context: int) -> SampleKey:
-    start = source.chunk * max_context
-    return (source.doc_index, start, start + source.length)
+    return (source.doc_index, *source.token_range(max_context))
 
 
 class TokenRows(TorchDataset):

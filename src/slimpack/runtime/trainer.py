@@ -221,8 +221,9 @@ class Trainer:
         untraced = [s.id for s in item.trained if s.id not in item.sources]
         if untraced:  # fixed cuts documents at sequence boundaries into pieces with no source text
             raise UserError(f"strategy {self.options.strategy} made samples {untraced[:3]} that are not in the "
-                            f"data stream (pieces of cut documents): train cannot give them text")
-        return {sid: torch.frombuffer(bytearray(corpus.sample_tokens(s.doc_index, s.chunk, context, s.length)),
+                            f"data stream (pieces of cut documents): train cannot give them text; --cut-documents "
+                            f"cuts the documents in the data stream instead, for every strategy")
+        return {sid: torch.frombuffer(bytearray(corpus.sample_tokens(s, context)),
                                       dtype=torch.uint8).long()
                 for sid, s in item.sources.items()}
 

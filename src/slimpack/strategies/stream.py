@@ -7,6 +7,12 @@ Rules (compare, the training loader and ``slimpack plan`` all see steps made thi
   batches before its step plus its id in its batch. Ids are unique across a run and do not depend
   on where a run started, so a stream that seeks to step 10,000 gives the same plan as one that
   walked there.
+- **Cut documents** (``TrainConfig.cut_documents``). Each batch's documents are cut where
+  fixed-length sequences of ``max_context`` tokens end (``fixed.pack_fixed_length``, the cut
+  ``fixed`` and SlimPipe make), and each piece is a sample: the sample with id p becomes piece 2p
+  and, where a boundary cuts it, piece 2p + 1 (a sample is at most ``max_context`` tokens, so one
+  boundary cuts it at most once). Ids stay unique and seek-proof; every strategy trains the same
+  pieces.
 - **Arrival.** A sample's ``arrival_step`` is the step whose batch brought it. A strategy that
   defers samples (``Plan.deferred``) keeps them and puts them back in a later plan with that
   arrival step; the stream keeps their data identity (document, chunk) until they are trained.
@@ -22,6 +28,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,6 +40,7 @@ from slimpack.errors import UserError
 from slimpack.plan.types import Plan, Sample
 from slimpack.strategies import make_planner
 from slimpack.strategies.base import Planner
+from slimpack.strategies.fixed import pack_fixed_length
 
 STATE_VERSION = 1
 
@@ -84,18 +92,42 @@ class PlannedStep:
         return sum(s.length * (self.step - s.arrival_step) for s in self.plan.trained_samples)
 
 
-def step_samples(sampler: GlobalBatchSampler, step: int) -> dict[int, tuple[Sample, DocumentChunk]]:
-    """Step ``step``'s new samples by plan id, with the sampler's sample each comes from."""
+def step_samples(sampler: GlobalBatchSampler, step: int, *,
+                 cut_documents: bool = False) -> dict[int, tuple[Sample, DocumentChunk]]:
+    """Step ``step``'s new samples by plan id, with the sampler's sample each comes from (with
+    ``cut_documents``, the pieces of the sequence cut: module docstring)."""
     first = sampler.samples_before(step)
-    return {first + s.id: (Sample(id=first + s.id, length=s.length, arrival_step=step), s)
-            for s in sampler.batch_at(step).samples}
+    new = {first + s.id: (Sample(id=first + s.id, length=s.length, arrival_step=step), s)
+           for s in sampler.batch_at(step).samples}
+    return cut_at_sequences(new, sampler.config.max_context) if cut_documents else new
+
+
+def cut_at_sequences(new: dict[int, tuple[Sample, DocumentChunk]],
+                     context: int) -> dict[int, tuple[Sample, DocumentChunk]]:
+    """``new`` (one batch, by plan id, in stream order) cut where ``fixed.pack_fixed_length``'s
+    ``context``-token sequences end: each piece a sample, ids as in the module docstring."""
+    pieces, _ = pack_fixed_length([sample for sample, _ in new.values()], context)
+    out: dict[int, tuple[Sample, DocumentChunk]] = {}
+    for piece in pieces:  # a sample's pieces come in order, its first under its own id
+        if piece.id in new:
+            whole, source = new[piece.id]
+            part, before = 0, 0  # the piece's number within its sample, the sample's tokens before it
+        else:
+            part += 1
+            assert part == 1, "a sample of at most the context crosses at most one sequence boundary"
+        pid = 2 * whole.id + part
+        out[pid] = (Sample(id=pid, length=piece.length, arrival_step=whole.arrival_step),
+                    dataclasses.replace(source, length=piece.length, offset=source.offset + before))
+        before += piece.length
+    return out
 
 
 def stream_batches(dataset: Dataset, config: Config, num_steps: int, *, shuffle: bool = False) -> list[list[Sample]]:
     """The new samples of steps ``0 .. num_steps - 1`` as a strategy sees them (for code that needs
     the lengths ahead, e.g. ``tune``'s time floors)."""
     sampler = GlobalBatchSampler(dataset, SamplerConfig.from_train(config.train, shuffle=shuffle))
-    return [[sample for sample, _ in step_samples(sampler, step).values()] for step in range(num_steps)]
+    return [[sample for sample, _ in step_samples(sampler, step, cut_documents=config.train.cut_documents).values()]
+            for step in range(num_steps)]
 
 
 class PlanStream:
@@ -124,7 +156,7 @@ class PlanStream:
 
     def batch(self, step: int) -> dict[int, tuple[Sample, DocumentChunk]]:
         """Step ``step``'s new samples by plan id (see the module docstring for the ids)."""
-        return step_samples(self.sampler, step)
+        return step_samples(self.sampler, step, cut_documents=self.config.train.cut_documents)
 
     # ---- stepping ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[PlannedStep]:
@@ -179,7 +211,7 @@ class PlanStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands: the next step, the samples held back and the planner's state."""
-        held = [[s.id, s.length, s.arrival_step, d.id, d.doc_index, d.chunk, d.epoch]
+        held = [[s.id, s.length, s.arrival_step, d.id, d.doc_index, d.chunk, d.epoch, d.offset]
                 for s, d in self._held.values()]
         planner = self.planner.state_dict() if self.stateful else None  # type: ignore[attr-defined]
         return {"version": STATE_VERSION, "strategy": self.strategy, "step": self.step, "held": held,
@@ -188,9 +220,10 @@ class PlanStream:
 
     def _data_fingerprint(self) -> dict[str, int]:
         """What a checkpoint must agree with to be restored here (same data, context and budget)."""
+        pieces = {"cut_documents": True} if self.config.train.cut_documents else {}  # ids differ with it
         return {"samples_per_epoch": self.sampler.samples_per_epoch,
                 "tokens_per_epoch": self.sampler.tokens_per_epoch,
-                "global_batch_tokens": self.sampler.config.global_batch_tokens}
+                "global_batch_tokens": self.sampler.config.global_batch_tokens, **pieces}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != STATE_VERSION or state.get("strategy") != self.strategy:
@@ -203,10 +236,11 @@ class PlanStream:
         self.step = int(state["step"])
         self.sampler.set_start(self.step, state["sampler_start"])
         self._held = {}
-        for sid, length, arrival, batch_id, doc_index, chunk, epoch in state["held"]:
+        for sid, length, arrival, batch_id, doc_index, chunk, epoch, *offset in state["held"]:
+            # a state written before pieces had offsets holds whole chunks (offset 0)
             self._held[sid] = (Sample(id=sid, length=length, arrival_step=arrival),
                                DocumentChunk(id=batch_id, length=length, doc_index=doc_index, chunk=chunk,
-                                          epoch=epoch))
+                                             epoch=epoch, offset=offset[0] if offset else 0))
         if self.stateful:
             self.planner = make_planner(self.strategy, self.config)
             self.planner.load_state_dict(state["planner"])  # type: ignore[attr-defined]
