@@ -19,6 +19,7 @@ comparison with them each cell also has SlimPack planning those same pieces (``s
     python benchmarks/stress.py --cells 200 --rerun slimpack # a strategy again at this commit (after work on it)
     python benchmarks/stress.py --cells 200 --pieces         # SlimPack on the fixed-length pieces, at this commit
     python benchmarks/stress.py --cells 200 --report         # -> docs/stress.md
+    python benchmarks/stress.py --cells 60 --cut-documents --out docs/stress-cut   # every strategy on the pieces
 
 ``--wide`` draws from a wider space than the sweep's, for probes outside its band (results kept
 apart with ``--out``/``--doc``): every model preset but the tiny one, the H100, H200 and A100-80G
@@ -122,7 +123,8 @@ def cell_config(cell: dict):
     batch = max(cell["tokens_per_gpu"] * parallel.num_devices, cell["context"])
     return build_config(model=cell["model"], gpu=cell.get("gpu", "h100-sxm"), parallel=parallel,
                         train=TrainConfig(max_context=cell["context"], global_batch_tokens=batch,
-                                          recompute=cell["recompute"]))
+                                          recompute=cell["recompute"],
+                                          cut_documents=cell.get("cut_documents", False)))
 
 
 def lower_bound_s(result: SimResult) -> float:
@@ -208,7 +210,9 @@ def run_cell(cell: dict) -> dict:
     for name in STRATEGIES:
         out["strategies"][name] = run_strategy_in_cell(name, config, dataset)
     out["seconds"] = time.perf_counter() - began
-    out["slimpack_on_pieces"] = slimpack_on_pieces(config, dataset)
+    # a --cut-documents cell's batch is the pieces already: SlimPack's own record is its record on them
+    out["slimpack_on_pieces"] = (out["strategies"]["slimpack"] if config.train.cut_documents
+                                 else slimpack_on_pieces(config, dataset))
     return out
 
 
@@ -501,6 +505,9 @@ def main() -> int:
                              "part where another commit ran it or none did")
     parser.add_argument("--wide", action="store_true",
                         help="draw new cells from the wider space of the docstring (a probe outside the sweep's band)")
+    parser.add_argument("--cut-documents", action="store_true",
+                        help="draw the cells with TrainConfig.cut_documents: every strategy trains the pieces of the "
+                             "fixed-length cut (one work basis; keep the results apart with --out/--doc)")
     parser.add_argument("--rerun", metavar="STRATEGY", choices=list(STRATEGIES),
                         help="run this strategy again (this checkout) in every finished cell of this part where another "
                              "commit ran it, keeping the other strategies' records")
@@ -521,6 +528,7 @@ def main() -> int:
         where = "".join(f" --{name} {getattr(args, name)}" for name in ("out", "doc")
                         if getattr(args, name) != parser.get_default(name))
         where += " --wide" if any("gpu" in c for c in cells) else ""
+        where += " --cut-documents" if any(c.get("cut_documents") for c in cells) else ""
         Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}{where}"))
         print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT),
                           "cutting, on the pieces": summarize(cells, CUTTING, "slimpack_on_pieces")}, indent=1))
@@ -538,6 +546,8 @@ def main() -> int:
         if path.exists():
             continue
         cell = draw_wide_cell(args.seed, index) if args.wide else draw_cell(args.seed, index)
+        if args.cut_documents:
+            cell["cut_documents"] = True
         result = run_cell(cell) | {"commit": head_commit()}
         path.write_text(json.dumps(result))
         slim = result["strategies"]["slimpack"]
