@@ -3,6 +3,8 @@ tiny LlamaForCausalLM trained with DDP on 2 gloo processes equal to unpacked tra
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -73,6 +75,32 @@ def test_every_rank_gets_the_same_count_and_every_sample_once(config):
     assert sorted(got) == expected
     # the 250-token document became a 128-token and a 122-token sample (chunks at the context)
     assert sum(1 for g in got if len(g) == 122) == 1
+
+
+def test_cut_documents_packs_the_pieces_text(config):
+    """With cut_documents the micro-batches hold the pieces of the fixed-length cut, each its own
+    document's tokens from its offset: every step's pieces, read in order, are its batch's text."""
+    from collections import Counter
+
+    rows = token_rows(LENGTHS, seed=1)
+    cut = dataclasses.replace(config, train=dataclasses.replace(config.train, cut_documents=True))
+    loaders = [plan_data_loader(rows, cut, rank=r, num_steps=3) for r in range(2)]
+    pieces = []
+    for loader in loaders:
+        for batch in loader:
+            ids, cu = batch["input_ids"][0].tolist(), batch["cu_seq_lens_q"].tolist()
+            pieces.extend(ids[a:b] for a, b in zip(cu, cu[1:], strict=False))
+    sampler = GlobalBatchSampler(Dataset(name="t", lengths=LENGTHS, source="t"),
+                                 SamplerConfig(global_batch_tokens=BATCH_TOKENS, max_context=MAX_CONTEXT))
+    chunks = [s for step in range(3) for s in sampler.batch_at(step).samples]
+    assert len(pieces) > len(chunks)  # the cut made pieces
+    # every token position of the batches' chunks in exactly as many pieces as chunks: nothing lost or
+    # repeated, and each piece is its row's text at its position
+    positions = Counter((s.doc_index, t) for s in chunks for t in range(s.chunk * MAX_CONTEXT,
+                                                                       s.chunk * MAX_CONTEXT + s.length))
+    keys = [key for loader in loaders for mb in loader.batch_sampler for key in mb]
+    assert Counter((row, t) for row, start, end in keys for t in range(start, end)) == positions
+    assert sorted(map(tuple, pieces)) == sorted(tuple(rows[row]["input_ids"][start:end]) for row, start, end in keys)
 
 
 def _sliced_plan(config, second_replica: tuple[int, ...] = (2, 3)) -> Plan:
