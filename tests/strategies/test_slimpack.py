@@ -231,6 +231,30 @@ def test_a_re_balanced_win_searches_the_shapes_again_and_keeps_the_faster_plan(m
     assert simulate(plan).step_time_s == pytest.approx(plan.info["step_s"])
 
 
+def test_a_re_balanced_win_is_searched_afresh_on_a_full_search_step_only(monkeypatch):
+    # the 6-replica batch above: step 0 (a full search) searches the re-balanced winner's layout
+    # around its shape and afresh; step 1 (seeded by step 0's winner) only around its shape
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=6),
+                          train=TrainConfig(max_context=262144, global_batch_tokens=1 << 20, recompute="none"),
+                          planner=PlannerConfig(use_wide_merge=False, use_milp=False))
+    batch = [Sample(id=0, length=150_000), Sample(id=1, length=90_000)] + [Sample(id=i, length=4096)
+                                                                           for i in range(2, 150)]
+    calls = []  # (the layout searched, the seed)
+    search = SlimPackPlanner._search
+    monkeypatch.setattr(SlimPackPlanner, "_search", lambda self, bins, samples, seed: calls.append(
+        (tuple((b.replicas, b.items) for b in bins), seed)) or search(self, bins, samples, seed))
+    planner = SlimPackPlanner(config)
+    plan = planner.plan(batch, step=0)
+    *phase1, (around_bins, around), (fresh_bins, fresh) = calls
+    assert plan.info["merged_speeds"] and all(seed is None for _, seed in phase1)
+    assert around_bins == fresh_bins and around is not None and fresh is None
+    assert all(bins != around_bins for bins, _ in phase1)  # the re-balanced layout, not phase 1's
+    calls.clear()
+    seeded = planner.plan([dataclasses.replace(s, id=s.id + 1000) for s in batch], step=1)
+    assert seeded.info["search"] == "seeded" and seeded.info["merged_speeds"]
+    assert all(seed is not None for _, seed in calls)
+
+
 def _costs(planner: SlimPackPlanner, batch: list[Sample]) -> list[float]:
     """Phase 1's per-sample costs, as the planner computes them."""
     forward, backward = planner._slice_costs(0.0)
