@@ -19,7 +19,7 @@ comparison with them each cell also has SlimPack planning those same pieces (``s
     python benchmarks/stress.py --cells 200 --rerun slimpack # a strategy again at this commit (after work on it)
     python benchmarks/stress.py --cells 200 --pieces         # SlimPack on the fixed-length pieces, at this commit
     python benchmarks/stress.py --cells 200 --report         # -> docs/stress.md
-    python benchmarks/stress.py --cells 60 --cut-documents --out docs/stress-cut   # every strategy on the pieces
+    python benchmarks/stress.py --cells 200 --cut-documents --out docs/stress-cut  # every strategy on the pieces
 
 ``--wide`` draws from a wider space than the sweep's, for probes outside its band (results kept
 apart with ``--out``/``--doc``): every model preset but the tiny one, the H100, H200 and A100-80G

@@ -660,7 +660,7 @@ class SlimPackPlanner:
                 again = self._search(best.bins, samples, around)
                 tried += len(again)
                 top = min(again, key=lambda c: (rank(again[c]), c))
-                if top != best.shape and rank(again[top]) < rank(best.score) and all(top != f.shape for f in finalists):
+                if rank(again[top]) < rank(best.score) and all(top != f.shape for f in finalists):  # best among them
                     finalists.append(best._replace(score=again[top], shape=top, scores={**best.scores, **again}))
         built = [self._build(finalist, samples, step, seed, tried, milp) for finalist in finalists]
         kept = min(range(len(built)), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))
