@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
+from slimpack.data import load_dataset
 from slimpack.plan import Sample, Slice, plan_to_dict
 from slimpack.plan.check import check_plan
 from slimpack.sim import simulate, step_time
@@ -20,6 +21,7 @@ from slimpack.strategies.slimpack.milp import rebalance
 from slimpack.strategies.slimpack.phase1 import balance, plan_merges
 from slimpack.strategies.slimpack.planner import EXACT_RANKS, SlimPackPlanner
 from slimpack.strategies.slimpack.shape import SYMMETRIC, Shape, rank
+from slimpack.strategies.stream import stream_batches
 
 
 def _config(pp=2, dp=2, context=32768, **planner):
@@ -224,11 +226,39 @@ def test_a_re_balanced_win_searches_the_shapes_again_and_keeps_the_faster_plan(m
                                                                            for i in range(2, 150)]
     plan = SlimPackPlanner(config).plan(batch, step=0)
     check_plan(plan)
-    assert plan.info["merged_speeds"] and plan.info["searched_again"] and plan.info["won_searched_again"]
-    (first, *_), (second, *_) = built
+    assert plan.info["merged_speeds"] and plan.info["finalist"] == "searched again"
+    (first, *_), (second, *_), *other_shares = built  # then each other merge share's best
     assert second.info["lookahead"] != first.info["lookahead"]
+    assert sorted(str(p.info["merge_share"]) for p, *_ in other_shares) == ["0.5", "None"]
     assert plan.info["step_s"] == second.info["step_s"] < first.info["step_s"]
     assert simulate(plan).step_time_s == pytest.approx(plan.info["step_s"])
+
+
+def test_every_merge_shares_best_is_built_and_the_fastest_plan_kept(monkeypatch):
+    # cpython at 256K on tp2 pp2 dp8 (2M-token batch, selective recomputation): merging the 57K
+    # document (share 1.0) scores best, 7.55 s, and builds 7.70 s, as its score reads the most
+    # loaded pipelines only; phase 1's layout without merges scores 7.69 s and builds 7.69 s. Both
+    # are built, on every step, and the faster plan is kept
+    built = []
+    build = SlimPackPlanner._build
+    monkeypatch.setattr(SlimPackPlanner, "_build", lambda self, finalist, *a: built.append(
+        (finalist, build(self, finalist, *a))) or built[-1][1])
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=8),
+                          train=TrainConfig(max_context=262144, global_batch_tokens=2 << 20, recompute="selective"),
+                          planner=PlannerConfig(use_wide_merge=False, use_milp=False))
+    planner = SlimPackPlanner(config)
+    batches = stream_batches(load_dataset("cpython"), config, 2)
+    plan = planner.plan(batches[0], step=0)
+    check_plan(plan)
+    (merged, (merged_plan, *_)), (unmerged, (unmerged_plan, *_)) = built
+    assert (merged.merge_share, merged.num_merged, unmerged.merge_share, unmerged.num_merged) == (1.0, 1, None, 0)
+    assert merged.score[1] < unmerged.score[1] and unmerged_plan.info["step_s"] < merged_plan.info["step_s"]
+    assert plan.info["finalists"] == 2 and plan.info["finalist"] == "merge share None"
+    assert simulate(plan).step_time_s == pytest.approx(unmerged_plan.info["step_s"])
+    built.clear()
+    seeded = planner.plan(batches[1], step=1)
+    assert seeded.info["search"] == "seeded" and seeded.info["finalists"] == len(built) >= 2
+    assert seeded.info["step_s"] == min(p.info["step_s"] for _, (p, fits, _) in built if fits)
 
 
 def test_a_re_balanced_win_is_searched_afresh_on_a_full_search_step_only(monkeypatch):

@@ -100,8 +100,9 @@ class MilpBudget:
 
 
 class Finalist(NamedTuple):
-    """A layout and shape the step may be built with: the best of the merge shares and their
-    re-balanced layouts, and its shape searched again on that layout (``_plan``)."""
+    """A layout and shape the step may be built with (``_plan``): each merge share's best (of its
+    phase-1 and re-balanced layouts, by score), and the best one's shape searched again on its
+    layout."""
 
     score: Score
     bins: list[Bin]
@@ -619,32 +620,11 @@ class SlimPackPlanner:
         # holds[k-1] >= its length, found on the running maximum of ``holds``; dp if none)
         min_ways = (np.minimum(np.searchsorted(np.maximum.accumulate(holds), lengths) + 1, par.dp).tolist()
                     if knobs.use_dp_merge else [1] * len(samples))
-        best: Finalist | None = None
-        tried = 0
-        tried_merges: list[list[tuple[int, int]]] = []
         seed = self._seed if step % FULL_SEARCH_EVERY else None
-        for share in MERGE_SHARES if knobs.use_dp_merge else (None,):
-            merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
-            if merges in tried_merges:
-                continue  # this threshold merges nothing new (phase 1 would give the same bins)
-            tried_merges.append(merges)
-            bins = balance(loads, par.dp, merges, min_ways=min_ways)
-            scores = self._search(bins, samples, seed)
-            tried += len(scores)
-            shape = min(scores, key=lambda c: (rank(scores[c]), c))
-            candidates: list[tuple[dict[Shape, Score], list[Bin], dict[int, float]]] = [(scores, bins, {})]
-            if merges:
-                # a re-balanced layout is scored with the winning shape only; the other shapes keep
-                # their ranks from the search, for rebuilding slow pipelines and the memory fallbacks
-                candidates += [({**scores, **rescored}, rebalanced, speeds) for rescored, rebalanced, speeds
-                               in self._merged_speeds(loads, merges, min_ways, samples, bins, shape)]
-                tried += len(candidates) - 1
-            for scored, layout_bins, speeds in candidates:
-                if best is None or rank(scored[shape]) < rank(best.score):
-                    best = Finalist(scored[shape], layout_bins, shape, share, len(merges), scored, speeds)
-        assert best is not None
+        share_bests, tried = self._share_bests(samples, costs, loads, min_ways, seed)
+        best = min(share_bests, key=lambda f: rank(f.score))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
-        finalists = [best]
+        finalists, why = [best], ["best score"]
         if best.merged_speeds:
             # a re-balanced layout won, with the shape searched on phase 1's layout, whose merged
             # pipelines ran slower than their estimated speed (at 256K contexts on 64 replicas the
@@ -662,11 +642,18 @@ class SlimPackPlanner:
                 top = min(again, key=lambda c: (rank(again[c]), c))
                 if rank(again[top]) < rank(best.score) and all(top != f.shape for f in finalists):  # best among them
                     finalists.append(best._replace(score=again[top], shape=top, scores={**best.scores, **again}))
+                    why.append("searched again")
+        # Every other share's best is built too, for the same reason: the shares merge different
+        # replicas, so their scores weigh sub-plans of different pipelines. At wikipedia 256K on tp1
+        # pp4 cp2 dp32 (256 GPUs, no wide merge, as tune screens it) share 0.5 scored 10.62 s and
+        # built 11.18 s, share 1.0 scored 14.17 s and built 10.90 s (docs/slimpack.md)
+        others = [f for f in share_bests if f is not best]
+        finalists += others
+        why += [f"merge share {f.merge_share}" for f in others]
         built = [self._build(finalist, samples, step, seed, tried, milp) for finalist in finalists]
         kept = min(range(len(built)), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))
         plan, fitting, lead = built[kept]
-        plan = dataclasses.replace(plan, info={**plan.info, "searched_again": len(finalists) > 1,
-                                               "won_searched_again": kept > 0})
+        plan = dataclasses.replace(plan, info={**plan.info, "finalists": len(finalists), "finalist": why[kept]})
         self._seed = finalists[kept].shape
         try:
             plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead, sliced_first=self._sliced_first)
@@ -680,6 +667,35 @@ class SlimPackPlanner:
         else:
             plan = self._on_merged_replicas(plan, batch, step, full_search=seed is None)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
+
+    def _share_bests(self, samples: list[Sample], costs: Sequence[float], loads: Sequence[float],
+                     min_ways: Sequence[int], seed: Shape | None) -> tuple[list[Finalist], int]:
+        """Per DP-Merge share (one that merges nothing new is skipped: phase 1 would give the same
+        bins), its best layout and shape by score: phase 1's layout searched, then its re-balanced
+        layouts scored with the winning shape. Also how many candidates were scored."""
+        par = self.config.parallel
+        bests: list[Finalist] = []
+        tried = 0
+        tried_merges: list[list[tuple[int, int]]] = []
+        for share in MERGE_SHARES if self.config.planner.use_dp_merge else (None,):
+            merges = plan_merges(costs, par.dp, merge_share=share, min_ways=min_ways)
+            if merges in tried_merges:
+                continue
+            tried_merges.append(merges)
+            bins = balance(loads, par.dp, merges, min_ways=min_ways)
+            scores = self._search(bins, samples, seed)
+            tried += len(scores)
+            shape = min(scores, key=lambda c: (rank(scores[c]), c))
+            candidates: list[tuple[dict[Shape, Score], list[Bin], dict[int, float]]] = [(scores, bins, {})]
+            if merges:
+                # a re-balanced layout is scored with the winning shape only; the other shapes keep
+                # their ranks from the search, for rebuilding slow pipelines and the memory fallbacks
+                candidates += [({**scores, **rescored}, rebalanced, speeds) for rescored, rebalanced, speeds
+                               in self._merged_speeds(loads, merges, min_ways, samples, bins, shape)]
+                tried += len(candidates) - 1
+            bests.append(min((Finalist(scored[shape], layout_bins, shape, share, len(merges), scored, speeds)
+                              for scored, layout_bins, speeds in candidates), key=lambda f: rank(f.score)))
+        return bests, tried
 
     def _build(self, finalist: Finalist, samples: list[Sample], step: int, seed: Shape | None, tried: int,
                milp: MilpBudget | None) -> tuple[Plan, bool, float]:
