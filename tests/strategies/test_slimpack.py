@@ -238,7 +238,7 @@ def test_every_merge_shares_best_is_built_and_the_fastest_plan_kept(monkeypatch)
     # cpython at 256K on tp2 pp2 dp8 (2M-token batch, selective recomputation): merging the 57K
     # document (share 1.0) scores best, 7.55 s, and builds 7.70 s, as its score reads the most
     # loaded pipelines only; phase 1's layout without merges scores 7.69 s and builds 7.69 s. Both
-    # are built, on every step, and the faster plan is kept
+    # are built, on every step, and the faster plan is kept; the seed stays the best score's shape
     built = []
     build = SlimPackPlanner._build
     monkeypatch.setattr(SlimPackPlanner, "_build", lambda self, finalist, *a: built.append(
@@ -255,6 +255,7 @@ def test_every_merge_shares_best_is_built_and_the_fastest_plan_kept(monkeypatch)
     assert merged.score[1] < unmerged.score[1] and unmerged_plan.info["step_s"] < merged_plan.info["step_s"]
     assert plan.info["finalists"] == 2 and plan.info["finalist"] == "merge share None"
     assert simulate(plan).step_time_s == pytest.approx(unmerged_plan.info["step_s"])
+    assert planner._seed == merged.shape  # the next step searches around the best score's shape, as before
     built.clear()
     seeded = planner.plan(batches[1], step=1)
     assert seeded.info["search"] == "seeded" and seeded.info["finalists"] == len(built) >= 2

@@ -654,7 +654,12 @@ class SlimPackPlanner:
         kept = min(range(len(built)), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))
         plan, fitting, lead = built[kept]
         plan = dataclasses.replace(plan, info={**plan.info, "finalists": len(finalists), "finalist": why[kept]})
-        self._seed = finalists[kept].shape
+        # the next step's seed is the kept plan's shape among the search's own finalists (the best
+        # score and its shapes searched again), never another share's, so the seeded search follows
+        # the path it followed before: seeding from another share's winner moved it elsewhere and
+        # made one window 2.1% slower (docs/slimpack.md)
+        own = len(finalists) - len(others)
+        self._seed = finalists[min(range(own), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))].shape
         try:
             plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead, sliced_first=self._sliced_first)
             won = plan.info.get(plan.info["candidate"], {})
