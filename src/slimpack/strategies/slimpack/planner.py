@@ -647,19 +647,24 @@ class SlimPackPlanner:
         # replicas, so their scores weigh sub-plans of different pipelines. At wikipedia 256K on tp1
         # pp4 cp2 dp32 (256 GPUs, no wide merge, as tune screens it) share 0.5 scored 10.62 s and
         # built 11.18 s, share 1.0 scored 14.17 s and built 10.90 s (docs/slimpack.md)
+        own = len(finalists)
         others = [f for f in share_bests if f is not best]
         finalists += others
         why += [f"merge share {f.merge_share}" for f in others]
         built = [self._build(finalist, samples, step, seed, tried, milp) for finalist in finalists]
-        kept = min(range(len(built)), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))
+
+        def fastest(count: int) -> int:
+            """Of the first ``count`` built finalists, the fastest that fits (else the fastest)."""
+            return min(range(count), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))
+
+        kept = fastest(len(built))
         plan, fitting, lead = built[kept]
         plan = dataclasses.replace(plan, info={**plan.info, "finalists": len(finalists), "finalist": why[kept]})
         # the next step's seed is the kept plan's shape among the search's own finalists (the best
         # score and its shapes searched again), never another share's, so the seeded search follows
         # the path it followed before: seeding from another share's winner moved it elsewhere and
         # made one window 2.1% slower (docs/slimpack.md)
-        own = len(finalists) - len(others)
-        self._seed = finalists[min(range(own), key=lambda i: (not built[i][1], built[i][0].info["step_s"]))].shape
+        self._seed = finalists[fastest(own)].shape
         try:
             plan = safest_plan(plan, batch, self.cost, fitting=fitting, lead=lead, sliced_first=self._sliced_first)
             won = plan.info.get(plan.info["candidate"], {})
