@@ -262,6 +262,31 @@ def test_every_merge_shares_best_is_built_and_the_fastest_plan_kept(monkeypatch)
     assert seeded.info["step_s"] == min(p.info["step_s"] for _, (p, fits, _) in built if fits)
 
 
+def test_every_merge_shares_re_balanced_layout_is_searched_again(monkeypatch):
+    # wikipedia at 256K on tp2 pp2 dp8 (2M-token batch, no recomputation): share 1.0 scores best,
+    # 7.056 s, on phase 1's layout; share 0.5's best is a re-balanced layout scoring 7.059 s, and its
+    # shapes searched again there give 51 groups, which score 6.89 s and build 6.98 s: the plan kept.
+    # Before, only the best score's layout was searched again, and the plan stepped 7.056 s
+    built = []
+    build = SlimPackPlanner._build
+    monkeypatch.setattr(SlimPackPlanner, "_build", lambda self, finalist, *a: built.append(
+        (finalist, build(self, finalist, *a))) or built[-1][1])
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, pp=2, dp=8),
+                          train=TrainConfig(max_context=262144, global_batch_tokens=2 << 20, recompute="none"),
+                          planner=PlannerConfig(use_wide_merge=False, use_milp=False))
+    planner = SlimPackPlanner(config)
+    plan = planner.plan(stream_batches(load_dataset("wikipedia"), config, 1)[0], step=0)
+    check_plan(plan)
+    (best, (best_plan, *_)), *_, (share, (share_plan, *_)), (again, (again_plan, *_)) = built
+    assert (best.merge_share, best.merged_speeds) == (1.0, {})
+    assert share.merge_share == again.merge_share == 0.5 and share.merged_speeds and again.bins is share.bins
+    assert best.score[1] < share.score[1] and again.score[1] < share.score[1] and again.shape != share.shape
+    assert plan.info["candidate"] == "slimpack" and plan.info["finalist"] == "merge share 0.5 searched again"
+    assert plan.info["step_s"] == again_plan.info["step_s"] < min(best_plan.info["step_s"], share_plan.info["step_s"])
+    assert simulate(plan).step_time_s == pytest.approx(plan.info["step_s"])
+    assert planner._seed == best.shape  # the search's own finalist, as before
+
+
 def test_a_re_balanced_win_is_searched_afresh_on_a_full_search_step_only(monkeypatch):
     # the 6-replica batch above: step 0 (a full search) searches the re-balanced winner's layout
     # around its shape and afresh; step 1 (seeded by step 0's winner) only around its shape

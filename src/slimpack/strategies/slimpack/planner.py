@@ -60,6 +60,11 @@ GROUPS_PER_STAGE = (2, 4, 8, 16, 32)
 """Candidate K = multiples of pp; the best is refined by its neighbours."""
 MERGE_SHARES = (None, 1.0, 0.5)
 """DP-Merge thresholds tried: an outlier costing more than this share of a replica's work merges."""
+SEARCH_AGAIN_WITHIN = 0.01
+"""A merge share other than the best score's, whose plan builds within this share of the fastest
+plan of the step, has its shapes searched again on its own re-balanced layout (``_searched_again``).
+Searching every share's layout again lifted more plans, at up to a third more planner time on
+merging layouts; within 1% kept the largest gains for about 1% more (docs/slimpack.md)."""
 LOOKAHEADS = (0, 2)
 """Extra forwards a stage may run ahead of 1F1B (memory permitting); the search adds the look-ahead
 that the best shape's longest chain of sliced samples asks for (``_chain_lookahead``)."""
@@ -101,8 +106,8 @@ class MilpBudget:
 
 class Finalist(NamedTuple):
     """A layout and shape the step may be built with (``_plan``): each merge share's best (of its
-    phase-1 and re-balanced layouts, by score), and the best one's shape searched again on its
-    layout."""
+    phase-1 and re-balanced layouts, by score), and where that is a re-balanced layout, the shapes
+    searched again on it that score better (``_searched_again``)."""
 
     score: Score
     bins: list[Bin]
@@ -625,24 +630,10 @@ class SlimPackPlanner:
         best = min(share_bests, key=lambda f: rank(f.score))
         milp = MilpBudget(time.perf_counter() + knobs.milp_time_limit_s) if knobs.use_milp else None
         finalists, why = [best], ["best score"]
-        if best.merged_speeds:
-            # a re-balanced layout won, with the shape searched on phase 1's layout, whose merged
-            # pipelines ran slower than their estimated speed (at 256K contexts on 64 replicas the
-            # search's sub-plans stepped 17-30 s, the re-balanced plan 8.1 s): the shapes are searched
-            # again on the re-balanced layout: around the winning shape and, on a full-search step,
-            # afresh (the seeded search stays near a shape chosen on the distorted layout: at
-            # wikipedia 256K on tp1 pp4 cp2 dp32 it went from 90 groups to 72 while 45 steps 5% faster;
-            # over one 256-GPU tune cell's SlimPack screening 16 of 79 layouts rose, up to 16%, for
-            # 12% more CPU, docs/slimpack.md). A shape that scores better there is built too, and the
-            # faster plan stays: the scores read the most loaded pipelines only, and a better score
-            # has come out as a slower plan
-            for around in [best.shape] + ([None] if seed is None else []):
-                again = self._search(best.bins, samples, around)
-                tried += len(again)
-                top = min(again, key=lambda c: (rank(again[c]), c))
-                if rank(again[top]) < rank(best.score) and all(top != f.shape for f in finalists):  # best among them
-                    finalists.append(best._replace(score=again[top], shape=top, scores={**best.scores, **again}))
-                    why.append("searched again")
+        again, scored = self._searched_again(best, samples, seed)
+        finalists += again
+        why += ["searched again"] * len(again)
+        tried += scored
         # Every other share's best is built too, for the same reason: the shares merge different
         # replicas, so their scores weigh sub-plans of different pipelines. At wikipedia 256K on tp1
         # pp4 cp2 dp32 (256 GPUs, no wide merge, as tune screens it) share 0.5 scored 10.62 s and
@@ -652,6 +643,15 @@ class SlimPackPlanner:
         finalists += others
         why += [f"merge share {f.merge_share}" for f in others]
         built = [self._build(finalist, samples, step, seed, tried, milp) for finalist in finalists]
+        # and a share whose plan comes within SEARCH_AGAIN_WITHIN of the fastest is searched again
+        # on its own re-balanced layout: there share 1.0's shapes searched again built 10.16 s
+        quickest = min((plan.info["step_s"] for plan, fits_, _ in built if fits_), default=float("inf"))
+        for other, (other_plan, fits_, _) in zip(others, built[own:], strict=True):
+            if fits_ and other_plan.info["step_s"] <= (1 + SEARCH_AGAIN_WITHIN) * quickest:
+                again, scored = self._searched_again(other, samples, seed)
+                finalists += again
+                why += [f"merge share {other.merge_share} searched again"] * len(again)
+                built += [self._build(finalist, samples, step, seed, tried + scored, milp) for finalist in again]
 
         def fastest(count: int) -> int:
             """Of the first ``count`` built finalists, the fastest that fits (else the fastest)."""
@@ -677,6 +677,29 @@ class SlimPackPlanner:
         else:
             plan = self._on_merged_replicas(plan, batch, step, full_search=seed is None)
         return dataclasses.replace(plan, info={**plan.info, "planner_time_s": time.perf_counter() - began})
+
+    def _searched_again(self, finalist: Finalist, samples: list[Sample], seed: Shape | None
+                        ) -> tuple[list[Finalist], int]:
+        """``finalist``'s layout with the shapes searched again on it, where it is a re-balanced
+        DP-Merge layout: its shape was searched on phase 1's layout, whose merged pipelines ran
+        slower than their estimated speed (at 256K contexts on 64 replicas the search's sub-plans
+        stepped 17-30 s, the re-balanced plan 8.1 s). Searched around its shape and, on a
+        full-search step, afresh (the seeded search stays near a shape chosen on the distorted
+        layout: at wikipedia 256K on tp1 pp4 cp2 dp32 it went from 90 groups to 72 while 45 steps 5%
+        faster; docs/slimpack.md). The finalists whose shape scores better than ``finalist`` there
+        (built beside it: the scores read the most loaded pipelines only, and a better score has
+        come out as a slower plan), and how many candidates were scored."""
+        found: list[Finalist] = []
+        scored = 0
+        if not finalist.merged_speeds:
+            return found, scored
+        for around in [finalist.shape] + ([None] if seed is None else []):
+            again = self._search(finalist.bins, samples, around)
+            scored += len(again)
+            top = min(again, key=lambda c: (rank(again[c]), c))
+            if rank(again[top]) < rank(finalist.score) and all(top != f.shape for f in [finalist, *found]):
+                found.append(finalist._replace(score=again[top], shape=top, scores={**finalist.scores, **again}))
+        return found, scored
 
     def _share_bests(self, samples: list[Sample], costs: Sequence[float], loads: Sequence[float],
                      min_ways: Sequence[int], seed: Shape | None) -> tuple[list[Finalist], int]:
