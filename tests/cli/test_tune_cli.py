@@ -37,9 +37,19 @@ def test_the_baselines_micro_batch_cap_reaches_the_search_and_its_config(tmp_pat
     assert load_config(out).train.micro_batch_cap == 64 * 1024
 
 
+def test_a_screening_time_limit_is_reported_with_its_ceiling(capsys):
+    assert main([*SMALL, "--screen-time", "0", "--confirm", "0", "--json", "-", "--output", "/dev/null"]) == 0
+    captured = capsys.readouterr()
+    rows = {r["strategy"]: r for r in json.loads(captured.out)["strategies"]}
+    for name, row in rows.items():
+        assert row["not_screened"] > 0 and row["unscreened_ceiling_tokens_per_s"] > 0
+        assert f"{name}: {row['not_screened']} layouts not screened (time limit)" in captured.err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["tune", "--gpus", "0"], "expected a positive integer"),
     (["tune", "--gpus", "8", "--strategies", "nope"], "unknown strategy 'nope'"),
+    (["tune", "--gpus", "8", "--screen-time", "-1"], "expected a finite number >= 0"),
     (["tune", "--gpus", "8", "--model", "gpt-9"], "unknown model"),
     (["tune", "--gpus", "1", "--model", "llama2-70b", "--max-context", "4K"], "no layout of 1 GPUs can hold"),
     (["tune", "--gpus", "8", "--dataset", "no-such-data"], "no-such-data"),

@@ -17,7 +17,13 @@ from slimpack.strategies.stream import stream_batches
 from slimpack.tune import tune
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import RECOMPUTE, layouts
-from slimpack.tune.search import PRUNED_BY_BOUND, PRUNED_BY_MEMORY, _Search, candidate_layouts
+from slimpack.tune.search import (
+    NOT_SCREENED,
+    PRUNED_BY_BOUND,
+    PRUNED_BY_MEMORY,
+    _Search,
+    candidate_layouts,
+)
 from slimpack.tune.trials import PLAN_OOM, SIMULATED, SIMULATED_OOM, Trial
 
 BASE = build_config(model="llama2-7b", train=TrainConfig(max_context=16384, global_batch_tokens=2**17))
@@ -86,6 +92,38 @@ def test_tune_finds_the_same_best_as_exhaustive_simulation():
                                                                                PRUNED_BY_BOUND))
     assert sum(s.counts()[PLAN_OOM] for s in pruned.strategies) > 0
     assert pruned.best_config().parallel.num_devices == 4
+
+
+def test_a_screening_time_limit_leaves_layouts_unscreened_under_a_true_ceiling():
+    # with no time at all, each strategy screens in order until a layout simulates, then stops: the
+    # layouts left are told unscreened (or pruned, where that layout's floor already cannot win), and
+    # their floors cap what any of them screens in the exhaustive search
+    strategies = ["fixed", "kk", "slimpack"]
+    limited = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, screen_time_s=0)
+    every = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, exhaustive=True)
+    unlimited = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0)
+    generous = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, screen_time_s=3600)
+    for cut, full, plain, late in zip(limited.strategies, every.strategies, unlimited.strategies,
+                                      generous.strategies, strict=True):
+        first = next(i for i, t in enumerate(cut.trials) if t.ok)
+        assert {t.status for t in cut.trials[first + 1:]} <= {NOT_SCREENED, PRUNED_BY_BOUND}
+        unscreened = {t.layout for t in cut.trials if t.status == NOT_SCREENED}
+        assert unscreened and all(t.floor_s for t in cut.trials if t.layout in unscreened)
+        ceiling = cut.unscreened_ceiling
+        assert max(t.tokens_per_s for t in full.trials if t.layout in unscreened) <= ceiling
+        assert cut.screen_best.tokens_per_s < full.screen_best.tokens_per_s <= ceiling or (
+            cut.screen_best.layout == full.screen_best.layout)
+        assert plain.unscreened_ceiling is None and late.trials == plain.trials  # a limit not reached changes nothing
+
+
+def test_past_the_time_limit_a_failed_front_runner_re_opens_nothing_to_screen():
+    # kk's best screened layout fails the window, which re-opens the layouts its figure pruned; past
+    # the time limit they are told unscreened at once, and the search still ends (two workers: the
+    # order that once left the search waiting for trials that would never come)
+    result = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], screen_time_s=0, workers=2)
+    kk = result.strategies[1]
+    assert any(not t.ok for t in kk.confirmed) and kk.best is not None and kk.best.phase == "window"
+    assert kk.counts()[NOT_SCREENED] > 0 and kk.unscreened_ceiling > kk.screen_best.tokens_per_s
 
 
 def test_front_runners_are_confirmed_over_the_comparison_window():

@@ -49,12 +49,22 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (refuses nan, inf, 0 and negatives)."""
+    return _number(text, zero=False)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (refuses nan, inf and negatives)."""
+    return _number(text, zero=True)
+
+
+def _number(text: str, *, zero: bool) -> float:
+    wanted = "a number >= 0" if zero else "a positive number"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        raise argparse.ArgumentTypeError(f"expected a finite number {'>= 0' if zero else '> 0'}, got {text!r}")
     return value
 
 

@@ -18,6 +18,7 @@ from slimpack.cli.common import (
     config_from_args,
     context_note,
     dataset_from_args,
+    non_negative_float,
     non_negative_int,
     positive_int,
 )
@@ -60,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
                         help=f"measured confirmation window, as in compare (default {DEFAULT_WINDOW_STEPS})")
     workers = default_workers()
+    parser.add_argument("--screen-time", type=non_negative_float, metavar="SECONDS",
+                        help="stop screening new layouts after this many seconds (each strategy still screens until "
+                             "one simulates), then confirm the front runners found; the layouts left are reported "
+                             "with the most their time floors allow (default: no limit)")
     parser.add_argument("--workers", type=positive_int, default=workers, metavar="N",
                         help=f"worker processes running layouts; the results are the same for any number (default: "
                              f"one per CPU this process may use, at most {MAX_DEFAULT_WORKERS}: here {workers})")
@@ -82,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("enumerating layouts", total=None)
         result = tune(base, dataset, args.gpus, strategies, screen_steps=args.screen_steps, confirm=args.confirm,
                       window=Window(warmup_steps=args.warmup, steps=args.steps), workers=args.workers,
+                      screen_time_s=args.screen_time,
                       on_screen_total=lambda n: progress.update(task, total=n),
                       on_trial=lambda name, trial: progress.update(task, advance=trial.phase == "screen",
                                                                    description=f"{trial.phase}: {name}"))
@@ -110,8 +116,9 @@ def _table(rows: list[dict], result) -> Table:
                         f"{base.train.max_context // 1024}K context; {protocol(result, 'screen')}"
                         f"{'; front runners confirmed over ' + result.window.describe() if result.window else ''}; "
                         f"{skipped} layouts cannot hold the model; {result.wall_s:.0f} s (simulated)")
+    limited = result.screen_time_s is not None
     for name in ("strategy", "best layout", "tokens/s", "efficiency", "vs fixed's best", "from", "simulated", "pruned",
-                 "failed"):
+                 "failed", *(("not screened",) if limited else ())):
         table.add_column(name, justify="left" if name in ("strategy", "best layout") else "right")
     top = max((r["tokens_per_s"] for r in rows), default=0)
     for r in rows:
@@ -119,5 +126,6 @@ def _table(rows: list[dict], result) -> Table:
         table.add_row(r["strategy"], r["layout"] or "none fits", f"{r['tokens_per_s']:,.0f}",
                       f"{r['efficiency']:.3f}" if r["efficiency"] else "—", ratio,
                       r["protocol"].split(":")[0] if r["protocol"] else "—", str(r["simulated"]),
-                      str(r["pruned"]), str(r["failed"]), style="bold green" if r["tokens_per_s"] == top and top else "")
+                      str(r["pruned"]), str(r["failed"]), *((str(r["not_screened"]),) if limited else ()),
+                      style="bold green" if r["tokens_per_s"] == top and top else "")
     return table

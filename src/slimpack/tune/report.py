@@ -10,7 +10,7 @@ from typing import Any
 
 from slimpack.compare.run import BASELINE
 from slimpack.config import save_config
-from slimpack.tune.search import TuneResult
+from slimpack.tune.search import NOT_SCREENED, TuneResult
 
 
 def best_rows(result: TuneResult) -> list[dict[str, Any]]:
@@ -35,6 +35,8 @@ def best_rows(result: TuneResult) -> list[dict[str, Any]]:
             "simulated": sum(n for status, n in counts.items() if status.startswith("simulated")),
             "failed": sum(n for status, n in counts.items() if status.startswith("failed")),
             "pruned": sum(n for status, n in counts.items() if status.startswith("pruned")),
+            "not_screened": counts[NOT_SCREENED],
+            "unscreened_ceiling_tokens_per_s": tuning.unscreened_ceiling,
             "reasons": dict(counts.most_common()),
             "search_s": sum(t.wall_s for t in (*tuning.trials, *tuning.confirmed)),
         })
@@ -57,7 +59,7 @@ def to_json(result: TuneResult) -> dict[str, Any]:
     config = result.best_config()
     return {"num_gpus": result.num_gpus, "dataset": result.dataset, "screen": result.screen.to_dict(),
             "window": result.window.to_dict() if result.window else None, "workers": result.workers,
-            "ahead_discarded": result.ahead_discarded,
+            "ahead_discarded": result.ahead_discarded, "screen_time_s": result.screen_time_s,
             "model": result.base.model.name, "max_context": result.base.train.max_context,
             "global_batch_tokens": result.base.train.global_batch_tokens, "wall_s": result.wall_s,
             "skipped_layouts": dict(result.skipped), "strategies": best_rows(result),
@@ -71,6 +73,13 @@ def search_summary(result: TuneResult) -> list[str]:
         total.update(tuning.counts())
     for status, n in total.most_common():
         lines.append(f"{n:5d} x {status}")
+    for tuning in result.strategies:
+        ceiling, best = tuning.unscreened_ceiling, tuning.screen_best
+        if ceiling is not None and best is not None:
+            verdict = ("the limit changed nothing: their floors would have pruned them" if ceiling <= best.tokens_per_s
+                       else f"{ceiling / best.tokens_per_s - 1:.1%} above its best screened, {best.tokens_per_s:,.0f}")
+            lines.append(f"      {tuning.strategy}: {tuning.counts()[NOT_SCREENED]} layouts not screened (time limit); "
+                         f"their time floors cap them at {ceiling:,.0f} tokens/s on the screened steps, {verdict}")
     if result.ahead_discarded:
         lines.append(f"{result.ahead_discarded:5d} x screened ahead by an idle worker, then pruned in order "
                      "(figures dropped)")
@@ -85,9 +94,12 @@ def search_summary(result: TuneResult) -> list[str]:
 
 def markdown_table(result: TuneResult) -> str:
     lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | figures from | "
-             "simulated / pruned / failed |", "|---|---|---:|---:|---:|---|---|"]
+             f"simulated / pruned / failed{' / not screened' if result.screen_time_s is not None else ''} |",
+             "|---|---|---:|---:|---:|---|---|"]
     for r in best_rows(result):
         counts = f"{r['simulated']} / {r['pruned']} / {r['failed']}"
+        if result.screen_time_s is not None:
+            counts += f" / {r['not_screened']}"
         if r["layout"] is None:
             lines.append(f"| {r['strategy']} | none fits | — | — | — | — | {counts} |")
             continue
@@ -147,10 +159,11 @@ def write_report(result: TuneResult, directory: Path, command: list[str]) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     throughput_chart(result, directory / "tune.png")
     configs = write_configs(result, directory)
+    limit_note = "".join(f"{line.strip()}\n\n" for line in search_summary(result) if "(time limit)" in line)
     (directory / "tune.json").write_text(json.dumps(to_json(result), indent=2) + "\n")
     text = (f"# slimpack tune: {result.dataset}, {result.base.model.name}, {result.num_gpus} GPUs\n\n"
             f"Simulated with the default cost model. Command: `{' '.join(command)}`\n\n"
-            f"{markdown_table(result)}\n\n![tokens/s over the layouts tried](tune.png)\n\n"
+            f"{markdown_table(result)}\n\n{limit_note}![tokens/s over the layouts tried](tune.png)\n\n"
             f"Best configs: {', '.join(f'`{p.name}`' for p in configs)}\n")
     path = directory / "tune.md"
     path.write_text(text)

@@ -25,6 +25,13 @@ that remains), and the next round confirms the front runners of what is left. Wi
 screened best that runs out of memory later in the window would hide every layout its figure
 pruned (WLB-LLM at textbooks 128K on 64 GPUs: its screened best, ``tp1 pp1 dp64``, runs out of
 memory once its queues release the long documents).
+
+A screening time limit (``screen_time_s``, ``--screen-time``) makes the search an anytime one: past
+it no new layout is screened (a strategy with none simulated yet goes on until one does), the
+layouts left are told ``NOT_SCREENED`` with their floors, and the front runners found are confirmed
+as usual. The floors make the cut honest: no layout left unscreened can screen faster than the
+screened tokens over its floor (``StrategyTuning.unscreened_ceiling``), which the summary prints
+beside the best screened figure.
 Must not import torch.
 """
 
@@ -52,6 +59,7 @@ from slimpack.tune.trials import Task, Trial, Trials, reason
 
 PRUNED_BY_BOUND = "pruned: its time floor cannot beat the best simulated layout"
 PRUNED_BY_MEMORY = "pruned: model states plus the longest sample's activations exceed GPU memory"
+NOT_SCREENED = "not screened: the screening time limit passed"
 CONFIRM = 5
 """Front runners per strategy confirmed over the window, at most (per micro-batch cap). One step
 ranks layouts within a few percent only roughly: over the 30 best-vs-best tables of ``docs/tune``
@@ -91,6 +99,8 @@ class StrategyTuning:
     confirmed: tuple[Trial, ...] = ()
     """The front runners over the window, in the order they were confirmed: round by round, best
     screened first (empty without confirmation)."""
+    screened_tokens: int = 0
+    """Tokens of the screened steps (what a screening figure's tokens/s is made of)."""
 
     @property
     def screen_best(self) -> Trial | None:
@@ -107,6 +117,14 @@ class StrategyTuning:
 
     def counts(self) -> Counter[str]:
         return Counter(t.status for t in self.trials)
+
+    @property
+    def unscreened_ceiling(self) -> float | None:
+        """The most screening tokens/s a layout left unscreened by the time limit could reach: the
+        screened tokens over its time floor, a true upper bound (None: none was left). At or below
+        the best screened figure, the limit changed nothing: the floors would have pruned them."""
+        floors = [t.floor_s for t in self.trials if t.status == NOT_SCREENED and t.floor_s]
+        return self.screened_tokens / min(floors) if floors else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +143,8 @@ class TuneResult:
     workers: int = 1
     ahead_discarded: int = 0
     """Layouts screened ahead by an idle worker that the in-order search then pruned."""
+    screen_time_s: float | None = None
+    """The screening time limit (None: none)."""
 
     def best_config(self, strategy: str | None = None) -> Config | None:
         """The winning config overall, or ``strategy``'s best."""
@@ -197,10 +217,18 @@ class _Search:
         self.confirm_due: list[int] = []
         self.finished = False
         self.running = 0
+        self.out_of_time = False
+        """The screening time limit has passed: no new layout is screened once one has simulated."""
 
     # ---- screening -----------------------------------------------------------------------------
     def _could_win(self, rank: int) -> bool:
         return self.exhaustive or self.tokens / self.ranked[rank][0] > self.best
+
+    @property
+    def _cut_short(self) -> bool:
+        """Screening stops here: the time limit has passed and some layout has simulated (a search
+        with none goes on until one does, so that every strategy has an answer)."""
+        return self.out_of_time and self.best > 0
 
     def settle(self) -> list[Trial]:
         """Settle what the in-order search can: the new screening trials, in order (the pruned ones
@@ -217,7 +245,14 @@ class _Search:
                 self.submitted = {r for r in self.submitted if r < rank}  # a re-opened search submits them anew
                 break
             if rank not in self.results:
-                break
+                if not (self._cut_short and self.running == 0):
+                    break
+                # past the time limit: what was screened ahead stays, the rest is told unscreened
+                # (with its floor, which caps what it could have reached: ``unscreened_ceiling``)
+                floor, _, layout, _ = self.ranked[rank]
+                self.decided.append(Trial(layout=layout, status=NOT_SCREENED, floor_s=floor))
+                new.append(self.decided[-1])
+                continue
             trial = self.results.pop(rank)
             self.decided.append(trial)
             new.append(trial)
@@ -239,6 +274,8 @@ class _Search:
     def next_screen(self, *, ahead: bool) -> int | None:
         """The frontier layout if not yet running; with ``ahead``, else the next one that could
         still win."""
+        if self._cut_short:
+            return None
         frontier = len(self.decided)
         last = len(self.ranked) if ahead else min(frontier + 1, len(self.ranked))
         return next((r for r in range(frontier, last) if r not in self.submitted and self._could_win(r)), None)
@@ -253,14 +290,18 @@ class _Search:
     def advance(self) -> list[Trial]:
         """Move the search on as far as the results in allow: settle the screening and, once it and
         a round of confirmation are done, re-open what a failed front runner pruned or take up the
-        next round. The trials it settled, in order."""
+        next round. The trials it settled, in order. A re-opened screening can settle at once (past
+        the time limit, what it re-opens is told unscreened), so rounds are taken up until one waits
+        for trials."""
         new = self.settle()
-        if self.finished or not self.screened or self.confirm_due or len(self.confirmed) < len(self.confirm_order):
-            return new
-        if self.window is not None and self._next_round():
-            return new + self.settle()
-        self.finished = True
-        return new + [t for t in self.decided if t.status == PRUNED_BY_BOUND]
+        while not (self.finished or not self.screened or self.confirm_due
+                   or len(self.confirmed) < len(self.confirm_order)):
+            if self.window is not None and self._next_round():
+                new += self.settle()
+                continue
+            self.finished = True
+            new += [t for t in self.decided if t.status == PRUNED_BY_BOUND]
+        return new
 
     def _next_round(self) -> bool:
         """Drop the layouts that failed the window from the running: re-open the screening if the
@@ -306,7 +347,8 @@ class _Search:
 
     def tuning(self) -> StrategyTuning:
         confirmed = tuple(self.confirmed[rank] for rank in self.confirm_order if rank in self.confirmed)
-        return StrategyTuning(strategy=self.strategy, trials=(*self.pruned_first, *self.decided), confirmed=confirmed)
+        return StrategyTuning(strategy=self.strategy, trials=(*self.pruned_first, *self.decided), confirmed=confirmed,
+                              screened_tokens=self.tokens)
 
 
 def _next_task(searches: Sequence[_Search]) -> tuple[_Search, Task, int] | None:
@@ -324,11 +366,14 @@ def _next_task(searches: Sequence[_Search]) -> tuple[_Search, Task, int] | None:
     return None
 
 
-def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, Trial], None]) -> None:
-    """Keep the workers busy until every search is settled and confirmed."""
+def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, Trial], None],
+         screen_until: float = float("inf")) -> None:
+    """Keep the workers busy until every search is settled and confirmed; no new layout is screened
+    after ``screen_until`` (``time.perf_counter``) once a search has one that simulated."""
     running: dict[Future[Trial], tuple[_Search, Task, int]] = {}
     while True:
         for search in searches:
+            search.out_of_time = time.perf_counter() >= screen_until
             for trial in search.advance():
                 on_trial(search.strategy, trial)
         while len(running) < trials.workers and (job := _next_task(searches)) is not None:
@@ -352,13 +397,17 @@ def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, T
 
 def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, screen_steps: int = 1,
          window: Window | None = PROTOCOL_WINDOW, confirm: int = CONFIRM, confirm_within: float = CONFIRM_WITHIN,
-         exhaustive: bool = False, workers: int = 1, on_screen_total: Callable[[int], None] = lambda n: None,
+         exhaustive: bool = False, workers: int = 1, screen_time_s: float | None = None,
+         on_screen_total: Callable[[int], None] = lambda n: None,
          on_trial: Callable[[str, Trial], None] = lambda s, t: None) -> TuneResult:
     """The best layout of each strategy for ``num_gpus`` GPUs; ``base`` gives the model, cluster,
     context, batch and planner settings (its parallel layout and recomputation are searched).
     Layouts are screened over steps ``0 .. screen_steps - 1``; the front runners (``confirm``, 0 =
     none) are confirmed over ``window`` (see the module docstring). ``workers`` > 1 runs trials in
-    that many worker processes. ``on_screen_total`` hears how many screening trials there are (a
+    that many worker processes. With ``screen_time_s``, no new layout is screened after that many
+    seconds, once a strategy has one that simulated; the layouts left are ``NOT_SCREENED``, with their
+    floors (``StrategyTuning.unscreened_ceiling``), and the front runners found are confirmed as
+    usual. ``on_screen_total`` hears how many screening trials there are (a
     layout per micro-batch cap searched), ``on_trial`` of each screening trial as the search settles
     it (the pruned ones when the search finishes) and of each confirmation as it ends."""
     check_strategies(strategies)
@@ -366,6 +415,8 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
         raise UserError(f"--screen-steps must be >= 1, got {screen_steps}")
     if confirm < 0:
         raise UserError(f"--confirm must be >= 0, got {confirm}")
+    if screen_time_s is not None and not screen_time_s >= 0:
+        raise UserError(f"--screen-time must be >= 0 seconds, got {screen_time_s}")
     window = window if confirm else None
     began = time.perf_counter()
     batches = stream_batches(dataset, base, screen_steps)
@@ -382,10 +433,10 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
             on_trial(search.strategy, trial)
     trials = Trials(dataset, workers)
     try:
-        _run(searches, trials, on_trial)
+        _run(searches, trials, on_trial, began + screen_time_s if screen_time_s is not None else float("inf"))
     finally:
         trials.close()
     return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, screen=screen, window=window,
                       strategies=tuple(s.tuning() for s in searches), skipped=skipped,
-                      wall_s=time.perf_counter() - began, workers=workers,
+                      wall_s=time.perf_counter() - began, workers=workers, screen_time_s=screen_time_s,
                       ahead_discarded=sum(s.ahead_discarded for s in searches))
