@@ -79,14 +79,14 @@ screened up to 2.98% behind, so the cut was binding; and a layout screened 3.4% 
 best was 1.8% ahead on the window (wikipedia 128K, 256 GPUs)."""
 DEFERRING_CONFIRM_WITHIN = 0.35
 """For a strategy that defers samples (``DEFERS_SAMPLES``), front runners are the layouts within this
-share of its best (``confirm`` of them per micro-batch cap, as for every strategy): its one-step
-screen ends with the drain of the long documents it held, which the window spreads over its steps,
-so the screen ranks its layouts far less well, and the cap most of all (WLB-LLM opens a queue once
-it holds a document per micro-batch: with few, large micro-batches within the screened step, with
-many only in the drain). Over the 30 best-vs-best tables of ``docs/tune``, WLB-LLM's confirmed layouts ran the window at
-0.93-1.44x their screened tokens/s (every other strategy's at most 1.15x); at wikipedia 256K on 256
-GPUs its only front runner within 5%, at a 1M-token cap, ran the window 19% slower than a layout at
-the context's cap screened 11% behind it."""
+share of its best, by the screen without its drain (``Trial.undrained_tokens_per_s``; ``confirm`` of
+them per micro-batch cap, as for every strategy). One step ranks its layouts far less well than
+anyone else's: WLB-LLM opens a queue once it holds a document per micro-batch (with few, large
+micro-batches within the screened step, with many only later), and the screen with its drain, which
+front runners were once taken by, charged one step of every long document held at its end: over
+the 30 best-vs-best tables of ``docs/tune`` its confirmed layouts ran the window at 0.93-1.44x
+their screened tokens/s (every other strategy's at most 1.15x), and layouts screened at 0.32M ran
+the window at 2.18M tokens/s (wikipedia 256K, 256 GPUs; docs/tune.md)."""
 PROTOCOL_WINDOW = Window()
 """The window front runners are confirmed over: the comparison protocol's (``slimpack compare``)."""
 
@@ -182,6 +182,12 @@ class _Search:
         self.strategy, self.screen, self.exhaustive = strategy, screen, exhaustive
         self.window, self.confirm = window, confirm
         self.within = max(within, DEFERRING_CONFIRM_WITHIN) if strategy in DEFERS_SAMPLES else within
+        self._ranking_figure: Callable[[Trial], float] = (
+            (lambda t: t.undrained_tokens_per_s) if strategy in DEFERS_SAMPLES else (lambda t: t.tokens_per_s))
+        """What front runners are taken by: a deferring strategy's screen without its drain, which the
+        window does not count either (a one-step screen that ends by draining everything held ranked
+        WLB-LLM's layouts far from their window figures: wikipedia 256K on 256 GPUs, tp2 pp1 cp2 dp64
+        screened 0.32M tokens/s and runs the window at 2.18M, docs/tune.md)."""
         lengths = [[s.length for s in b] for b in batches]
         self.tokens = sum(map(sum, lengths))
         longest = max(max(b) for b in lengths if b)
@@ -327,14 +333,15 @@ class _Search:
         few micro-batches) and would otherwise fill the front runners with one layout: at textbooks
         128K on 64 GPUs ByteScale's three were two caps of one layout and a layout out of memory,
         which left out the layout that ran the window 31% faster."""
+        figure = self._ranking_figure
         ranked = sorted((rank for rank, t in enumerate(self.decided) if t.ok and rank not in failed),
-                        key=lambda rank: -self.decided[rank].tokens_per_s)
-        top = self.decided[ranked[0]].tokens_per_s if ranked else 0.0
+                        key=lambda rank: -figure(self.decided[rank]))
+        top = figure(self.decided[ranked[0]]) if ranked else 0.0
         taken: Counter[int | None] = Counter()
         front = []
         for rank in ranked:
             trial = self.decided[rank]
-            if trial.tokens_per_s >= (1 - self.within) * top and taken[trial.layout.micro_batch_tokens] < self.confirm:
+            if figure(trial) >= (1 - self.within) * top and taken[trial.layout.micro_batch_tokens] < self.confirm:
                 taken[trial.layout.micro_batch_tokens] += 1
                 front.append(rank)
         return front

@@ -51,6 +51,9 @@ class Trial:
     floor_s: float | None = None
     """The time floor of the screened steps (None when pruned by memory first)."""
     tokens_per_s: float = 0.0
+    undrained_tokens_per_s: float = 0.0
+    """A screen's tokens trained over the screened steps' time, without the drain of what a
+    deferring strategy held at their end (its figure over a window does not count the drain)."""
     efficiency: float | None = None
     step_time_s: float | None = None
     peak_memory_bytes: float = 0.0
@@ -114,7 +117,8 @@ def run_trial(task: Task, dataset: Dataset) -> Trial:
     if row.oom_steps:
         return Trial(status=SIMULATED_OOM, peak_memory_bytes=row.peak_memory_bytes, **common)  # type: ignore[arg-type]
     tokens_per_s = row.tokens_per_s_with_drain if task.phase == "screen" else row.tokens_per_s
-    return Trial(status=SIMULATED, tokens_per_s=tokens_per_s, efficiency=row.efficiency,  # type: ignore[arg-type]
+    return Trial(status=SIMULATED, tokens_per_s=tokens_per_s, undrained_tokens_per_s=row.tokens_per_s,  # type: ignore[arg-type]
+                 efficiency=row.efficiency,
                  step_time_s=row.step_time_mean_s, peak_memory_bytes=row.peak_memory_bytes, **common)
 
 
