@@ -61,10 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
                         help=f"measured confirmation window, as in compare (default {DEFAULT_WINDOW_STEPS})")
     workers = default_workers()
-    parser.add_argument("--screen-time", type=non_negative_float, metavar="SECONDS",
-                        help="stop screening new layouts after this many seconds (each strategy still screens until "
-                             "one simulates), then confirm the front runners found; the layouts left are reported "
-                             "with the most their time floors allow (default: no limit)")
+    parser.add_argument("--screen-time", type=non_negative_float, metavar="SECONDS", help=(
+        "screen no new layout after this many seconds (a strategy with none simulated goes on until one does), then "
+        "confirm the front runners found; what is left is reported with the most its floors allow (default: no limit)"))
     parser.add_argument("--workers", type=positive_int, default=workers, metavar="N",
                         help=f"worker processes running layouts; the results are the same for any number (default: "
                              f"one per CPU this process may use, at most {MAX_DEFAULT_WORKERS}: here {workers})")
