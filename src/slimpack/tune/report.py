@@ -73,13 +73,7 @@ def search_summary(result: TuneResult) -> list[str]:
         total.update(tuning.counts())
     for status, n in total.most_common():
         lines.append(f"{n:5d} x {status}")
-    for tuning in result.strategies:
-        ceiling, best = tuning.unscreened_ceiling, tuning.screen_best
-        if ceiling is not None and best is not None:
-            verdict = ("the limit changed nothing: their floors would have pruned them" if ceiling <= best.tokens_per_s
-                       else f"{ceiling / best.tokens_per_s - 1:.1%} above its best screened, {best.tokens_per_s:,.0f}")
-            lines.append(f"      {tuning.strategy}: {tuning.counts()[NOT_SCREENED]} layouts not screened (time limit); "
-                         f"their time floors cap them at {ceiling:,.0f} tokens/s on the screened steps, {verdict}")
+    lines += [f"      {line}" for line in unscreened_lines(result)]
     if result.ahead_discarded:
         lines.append(f"{result.ahead_discarded:5d} x screened ahead by an idle worker, then pruned in order "
                      "(figures dropped)")
@@ -90,6 +84,18 @@ def search_summary(result: TuneResult) -> list[str]:
         lines.append(f"{len(confirmed):5d} x front runner confirmed over the window ({result.window.describe()}; "
                      f"{sum(not t.ok for t in confirmed)} failed or out of memory there); the window changed "
                      f"the pick of {changed} strateg{'y' if changed == 1 else 'ies'}")
+    return lines
+
+def unscreened_lines(result: TuneResult) -> list[str]:
+    """Per strategy the time limit cut short: how many layouts it left and the ceiling their floors allow."""
+    lines = []
+    for tuning in result.strategies:
+        ceiling, best = tuning.unscreened_ceiling, tuning.screen_best
+        if ceiling is not None and best is not None:
+            verdict = ("the limit changed nothing: their floors would have pruned them" if ceiling <= best.tokens_per_s
+                       else f"{ceiling / best.tokens_per_s - 1:.1%} above its best screened, {best.tokens_per_s:,.0f}")
+            lines.append(f"{tuning.strategy}: {tuning.counts()[NOT_SCREENED]} layouts not screened (time limit); "
+                         f"their time floors cap them at {ceiling:,.0f} tokens/s on the screened steps, {verdict}")
     return lines
 
 def markdown_table(result: TuneResult) -> str:
@@ -159,7 +165,7 @@ def write_report(result: TuneResult, directory: Path, command: list[str]) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     throughput_chart(result, directory / "tune.png")
     configs = write_configs(result, directory)
-    limit_note = "".join(f"{line.strip()}\n\n" for line in search_summary(result) if "(time limit)" in line)
+    limit_note = "".join(f"{line}\n\n" for line in unscreened_lines(result))
     (directory / "tune.json").write_text(json.dumps(to_json(result), indent=2) + "\n")
     text = (f"# slimpack tune: {result.dataset}, {result.base.model.name}, {result.num_gpus} GPUs\n\n"
             f"Simulated with the default cost model. Command: `{' '.join(command)}`\n\n"
