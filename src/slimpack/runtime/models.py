@@ -43,11 +43,16 @@ def as_run(config: Config, hf_config: str | None) -> Config:
                                parallel=dataclasses.replace(config.parallel, sequence_parallel=False))
 
 
+def runs_transformers(model: ModelConfig | str) -> bool:
+    """Whether the runtime runs transformers' own model for ``model``: a Hugging Face config.json."""
+    return isinstance(model, str) and is_hf_config(model)
+
+
 def build_runtime_model(model: ModelConfig | str, config: ModelConfig, *, seed: int, dtype: torch.dtype,
                          device: torch.device | str) -> torch.nn.Module:
     """The model of shape ``config`` (``model`` resolved, possibly with more layers): transformers' own
     model when ``model`` names a Hugging Face config.json, else the home-made ``model.Transformer``."""
-    if isinstance(model, str) and is_hf_config(model):
+    if runs_transformers(model):
         build_hf_model = import_hf_model().build_hf_model  # transformers only when asked for
         return build_hf_model(model, num_layers=config.num_layers, seed=seed, dtype=dtype, device=device)
     return build_model(config, seed=seed, dtype=dtype, device=device)

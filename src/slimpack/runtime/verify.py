@@ -24,10 +24,9 @@ import numpy as np
 import torch
 
 from slimpack.config import ModelConfig, resolve_model
-from slimpack.config.hf import is_hf_config
 from slimpack.plan.types import Plan
 from slimpack.runtime.loss import count_loss_tokens
-from slimpack.runtime.models import build_runtime_model, reference_run
+from slimpack.runtime.models import build_runtime_model, reference_run, runs_transformers
 from slimpack.runtime.pipeline import (
     build_executors,
     default_actions,
@@ -56,7 +55,7 @@ def default_tolerance(model: ModelConfig | str, dtype: torch.dtype, precision: s
     """The tolerance a check of ``model`` in ``dtype`` (and ``precision``) passes within."""
     if precision == "bf16":
         return BF16_TOLERANCE
-    if dtype == torch.float64 and isinstance(model, str) and is_hf_config(model):
+    if dtype == torch.float64 and runs_transformers(model):
         return TRANSFORMERS_FLOAT64_TOLERANCE
     return DEFAULT_TOLERANCE[dtype]
 

@@ -86,6 +86,7 @@ def search_summary(result: TuneResult) -> list[str]:
                      f"the pick of {changed} strateg{'y' if changed == 1 else 'ies'}")
     return lines
 
+
 def unscreened_lines(result: TuneResult) -> list[str]:
     """Per strategy the time limit cut short: how many layouts it left and the ceiling their floors allow."""
     lines = []
@@ -97,6 +98,7 @@ def unscreened_lines(result: TuneResult) -> list[str]:
             lines.append(f"{tuning.strategy}: {tuning.counts()[NOT_SCREENED]} layouts not screened (time limit); "
                          f"their time floors cap them at {ceiling:,.0f} tokens/s on the screened steps, {verdict}")
     return lines
+
 
 def markdown_table(result: TuneResult) -> str:
     lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | figures from | "
