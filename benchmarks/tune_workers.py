@@ -21,7 +21,7 @@ from unittest import mock
 from slimpack.config import TrainConfig, build_config
 from slimpack.data import Dataset, load_dataset
 from slimpack.strategies import STRATEGIES
-from slimpack.tune import search, tune
+from slimpack.tune import TuneResult, search, tune
 from slimpack.tune.trials import Task, Trial, run_trial
 
 CONTEXTS = {"64K": 65536, "128K": 131072, "256K": 262144}
@@ -64,20 +64,21 @@ class VirtualPool:
         pass
 
 
-def replay(base, dataset: Dataset, gpus: int, workers: int, ran: Ran) -> tuple[float, float, dict[str, str]]:
-    """(virtual wall seconds, CPU seconds of the trials handed out, each strategy's pick)."""
+def replay(base, dataset: Dataset, gpus: int, workers: int, ran: Ran, time_limit_s: float | None = None
+           ) -> tuple[float, float, TuneResult]:
+    """(virtual wall seconds, CPU seconds of the trials handed out, the search's result); the search
+    reads the virtual clock, so a time limit is one of virtual seconds."""
     pools: list[VirtualPool] = []
 
     def make_pool(data: Dataset, n: int) -> VirtualPool:
         pools.append(VirtualPool(data, n, ran))
         return pools[-1]
 
-    with mock.patch.object(search, "Trials", make_pool), \
+    clock = mock.Mock(perf_counter=lambda: pools[-1].now if pools else 0.0)
+    with mock.patch.object(search, "Trials", make_pool), mock.patch.object(search, "time", clock), \
             mock.patch.object(search, "wait", lambda running, return_when: pools[-1].wait(running)):
-        result = tune(base, dataset, gpus, list(STRATEGIES), workers=workers)
-    picks = {s.strategy: f"{s.best.layout.label()} {s.best.tokens_per_s:,.0f}" if s.best else "none"
-             for s in result.strategies}
-    return pools[-1].now, pools[-1].busy, picks
+        result = tune(base, dataset, gpus, list(STRATEGIES), workers=workers, time_limit_s=time_limit_s)
+    return pools[-1].now, pools[-1].busy, result
 
 
 def main() -> None:
@@ -96,7 +97,9 @@ def main() -> None:
           "|---:|---:|---:|---|", flush=True)
     first = None
     for workers in map(int, args.workers.split(",")):
-        wall, busy, picks = replay(base, dataset, args.gpus, workers, ran)
+        wall, busy, result = replay(base, dataset, args.gpus, workers, ran)
+        picks = {s.strategy: f"{s.best.layout.label()} {s.best.tokens_per_s:,.0f}" if s.best else "none"
+                 for s in result.strategies}
         first = first or picks
         print(f"| {workers} | {wall:.0f} | {busy:.0f} | {'yes' if picks == first else picks} |", flush=True)
 

@@ -96,14 +96,15 @@ def compare(data: DatasetLike, config: Config, strategies: Sequence[str] | None 
 
 def tune(data: DatasetLike, config: Config, gpus: int, strategies: Sequence[str] | None = None, *,
          screen_steps: int = 1, confirm: int = CONFIRM, warmup: int = DEFAULT_WARMUP_STEPS,
-         steps: int = DEFAULT_WINDOW_STEPS, workers: int = 1, screen_time_s: float | None = None) -> TuneResult:
+         steps: int = DEFAULT_WINDOW_STEPS, workers: int = 1, time_limit_s: float | None = None) -> TuneResult:
     """Each strategy's best layout of ``gpus`` GPUs (``config`` gives model, cluster, context, batch and
     planner; its layout and recomputation are searched), as ``slimpack tune``: layouts screened over
-    ``screen_steps`` (for at most ``screen_time_s`` seconds, as ``--screen-time``), up to ``confirm``
-    front runners per strategy re-run over ``warmup`` steps and a window of ``steps``; ``.best_config()``."""
+    ``screen_steps``, up to ``confirm`` front runners per strategy re-run over ``warmup`` steps and a
+    window of ``steps``, ending in about ``time_limit_s`` seconds where given (as ``--time-limit``);
+    ``.best_config()``."""
     return _tune(config, dataset(data), gpus, list(strategies or STRATEGIES), screen_steps=screen_steps,
                  confirm=confirm, window=Window(warmup_steps=warmup, steps=steps), workers=workers,
-                 screen_time_s=screen_time_s)
+                 time_limit_s=time_limit_s)
 
 
 __all__ = ["STRATEGIES", "Comparison", "Config", "ContextCut", "Dataset", "Plan", "PlannedStep", "SimResult",

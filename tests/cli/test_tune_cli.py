@@ -7,6 +7,7 @@ import pytest
 
 from slimpack.cli.main import main
 from slimpack.config import load_config
+from slimpack.tune.search import _Search
 
 SMALL = ["tune", "--gpus", "4", "--model", "llama2-7b", "--max-context", "16K", "--global-batch-tokens", "128K",
          "--strategies", "fixed,kk"]
@@ -37,8 +38,8 @@ def test_the_baselines_micro_batch_cap_reaches_the_search_and_its_config(tmp_pat
     assert load_config(out).train.micro_batch_cap == 64 * 1024
 
 
-def test_a_screening_time_limit_is_reported_with_its_ceiling(capsys):
-    assert main([*SMALL, "--screen-time", "0", "--confirm", "0", "--json", "-", "--output", "/dev/null"]) == 0
+def test_a_time_limit_is_reported_with_its_ceiling(capsys):
+    assert main([*SMALL, "--time-limit", "0", "--confirm", "0", "--json", "-", "--output", "/dev/null"]) == 0
     captured = capsys.readouterr()
     rows = {r["strategy"]: r for r in json.loads(captured.out)["strategies"]}
     for name, row in rows.items():
@@ -46,10 +47,25 @@ def test_a_screening_time_limit_is_reported_with_its_ceiling(capsys):
         assert f"{name}: {row['not_screened']} layouts not screened (time limit)" in captured.err
 
 
+def test_front_runners_the_time_limit_leaves_unconfirmed_are_reported(monkeypatch, capsys):
+    # every window estimated to end past the limit: each strategy runs its front runners over the
+    # window until one fits there, and lists the rest as not confirmed
+    monkeypatch.setattr(_Search, "window_estimate_s", lambda self, rank: 1e9)
+    assert main([*SMALL, "--time-limit", "3600", "--workers", "1", "--json", "-", "--output", "/dev/null"]) == 0
+    captured = capsys.readouterr()
+    rows = {r["strategy"]: r for r in json.loads(captured.out)["strategies"]}
+    assert rows["kk"]["unconfirmed"]
+    for name, row in rows.items():
+        assert [c["status"] == "simulated" for c in row["confirmed"]][-1:] == [True]
+        assert sum(c["status"] == "simulated" for c in row["confirmed"]) == 1
+        if row["unconfirmed"]:
+            assert f"{name}: {len(row['unconfirmed'])} front runner(s) not confirmed (time limit)" in captured.err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["tune", "--gpus", "0"], "expected a positive integer"),
     (["tune", "--gpus", "8", "--strategies", "nope"], "unknown strategy 'nope'"),
-    (["tune", "--gpus", "8", "--screen-time", "-1"], "expected a finite number >= 0"),
+    (["tune", "--gpus", "8", "--time-limit", "-1"], "expected a finite number >= 0"),
     (["tune", "--gpus", "8", "--model", "gpt-9"], "unknown model"),
     (["tune", "--gpus", "1", "--model", "llama2-70b", "--max-context", "4K"], "no layout of 1 GPUs can hold"),
     (["tune", "--gpus", "8", "--dataset", "no-such-data"], "no-such-data"),

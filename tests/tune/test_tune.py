@@ -14,6 +14,7 @@ from slimpack.errors import UserError
 from slimpack.sim import simulate
 from slimpack.strategies import make_planner
 from slimpack.strategies.stream import stream_batches
+from slimpack.tune import search as search_module
 from slimpack.tune import tune
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import RECOMPUTE, layouts
@@ -94,15 +95,15 @@ def test_tune_finds_the_same_best_as_exhaustive_simulation():
     assert pruned.best_config().parallel.num_devices == 4
 
 
-def test_a_screening_time_limit_leaves_layouts_unscreened_under_a_true_ceiling():
+def test_a_time_limit_leaves_layouts_unscreened_under_a_true_ceiling():
     # with no time at all, each strategy screens in order until a layout simulates, then stops: the
     # layouts left are told unscreened (or pruned, where that layout's floor already cannot win), and
     # their floors cap what any of them screens in the exhaustive search
     strategies = ["fixed", "kk", "slimpack"]
-    limited = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, screen_time_s=0)
+    limited = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, time_limit_s=0)
     every = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, exhaustive=True)
     unlimited = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0)
-    generous = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, screen_time_s=3600)
+    generous = tune(BASE, WIKIPEDIA, 4, strategies, confirm=0, time_limit_s=3600)
     for cut, full, plain, late in zip(limited.strategies, every.strategies, unlimited.strategies,
                                       generous.strategies, strict=True):
         first = next(i for i, t in enumerate(cut.trials) if t.ok)
@@ -120,10 +121,78 @@ def test_past_the_time_limit_a_failed_front_runner_re_opens_nothing_to_screen():
     # kk's best screened layout fails the window, which re-opens the layouts its figure pruned; past
     # the time limit they are told unscreened at once, and the search still ends (two workers: the
     # order that once left the search waiting for trials that would never come)
-    result = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], screen_time_s=0, workers=2)
+    result = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], time_limit_s=0, workers=2)
     kk = result.strategies[1]
     assert any(not t.ok for t in kk.confirmed) and kk.best is not None and kk.best.phase == "window"
     assert kk.counts()[NOT_SCREENED] > 0 and kk.unscreened_ceiling > kk.screen_best.tokens_per_s
+    # past the limit a strategy confirms front runners until one runs the window (kk: its third)
+    for tuning in result.strategies:
+        assert sum(t.ok for t in tuning.confirmed) == 1 and tuning.confirmed[-1].ok
+
+
+def test_a_limit_leaves_screening_time_for_every_strategys_first_window(monkeypatch):
+    # once screening has had its share of the limit, it stops where what is left is what the first
+    # windows need: with no share and a reserve longer than any limit, a 3600 s search screens as
+    # one with no time at all
+    from slimpack.tune import search
+    monkeypatch.setattr(search, "SCREEN_AT_LEAST", 0.0)
+    monkeypatch.setattr(search, "confirm_reserve_s", lambda searches, workers: 1e9)
+    strategies = ["fixed", "slimpack"]
+    reserved = tune(BASE, WIKIPEDIA, 4, strategies, time_limit_s=3600)
+    none_left = tune(BASE, WIKIPEDIA, 4, strategies, time_limit_s=0)
+    assert [s.trials for s in reserved.strategies] == [s.trials for s in none_left.strategies]
+    assert all(s.counts()[NOT_SCREENED] > 0 for s in reserved.strategies)
+
+
+def _two_speeds_search(strategy: str, speeds: list[float], walls: list[float]) -> _Search:
+    """A search whose first layouts screened at ``speeds`` tokens/s, each trial taking ``walls`` s."""
+    batches = stream_batches(WIKIPEDIA, BASE, 1)
+    candidates, _ = candidate_layouts(BASE, 4, batches)
+    search = _Search(strategy, candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=True,
+                     window=Window(warmup_steps=2, steps=8))
+    search.decided = [Trial(layout=layout, status=SIMULATED, tokens_per_s=speed, wall_s=wall)
+                      for (layout, _), speed, wall in zip(candidates, speeds, walls, strict=False)]
+    return search
+
+
+def test_the_first_window_is_reserved_and_the_others_run_only_where_they_end_in_time():
+    # front runners: 100 and 97 (within 5%); a window of 2 + 8 steps is estimated at 10 one-step screens
+    first = _two_speeds_search("kk", [100, 97, 50], [3.0, 1.0, 2.0])
+    other = _two_speeds_search("fixed", [80], [1.0])
+    assert first.first_confirmation_s() == 30.0 and other.first_confirmation_s() == 10.0
+    # 30 + 10 s over two workers is 20 s, but the 30 s window alone takes 30 s; over one worker 40 s
+    assert search_module.confirm_reserve_s([first, other], 2) == 30.0
+    assert search_module.confirm_reserve_s([first, other], 1) == 40.0
+    first._next_round()
+    # the best front runner runs though its window ends past the deadline; the next (10 s) would
+    # too, and is told unconfirmed
+    assert first.next_confirm(now=0.0, deadline=5.0) == 0
+    assert first.first_confirmation_s() == 0.0  # its window figure is on the way
+    assert first.next_confirm(now=0.0, deadline=5.0) is None and first.unconfirmed == [1]
+    roomy = _two_speeds_search("kk", [100, 97, 50], [3.0, 1.0, 2.0])
+    roomy._next_round()
+    assert [roomy.next_confirm(now=0.0, deadline=10.0) for _ in range(3)] == [0, 1, None] and not roomy.unconfirmed
+
+
+def test_idle_workers_go_to_the_search_whose_best_could_rise_the_most():
+    # two searches with their first layout screened, one at half its floor's throughput and one at
+    # 90%: the first has the more headroom (the next floor over its best), so it is screened next
+    # although it has spent more screening seconds; with equal headroom, the fewer seconds go first
+    def screened_once(strategy: str, share: float, seconds: float) -> _Search:
+        batches = stream_batches(WIKIPEDIA, BASE, 1)
+        candidates, _ = candidate_layouts(BASE, 4, batches)
+        search = _Search(strategy, candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=False)
+        search.receive(0, Trial(layout=search.ranked[0][2], status=SIMULATED,
+                                tokens_per_s=share * search.tokens / search.ranked[0][0]))
+        search.settle()
+        search.screen_s = seconds
+        return search
+
+    slow, fast = screened_once("kk", 0.5, 100.0), screened_once("fixed", 0.9, 0.0)
+    assert slow.headroom > fast.headroom > 1.0
+    assert search_module._next_task([fast, slow])[0] is slow
+    twin = screened_once("bfd", 0.5, 50.0)
+    assert search_module._next_task([slow, twin])[0] is twin
 
 
 def test_front_runners_are_confirmed_over_the_comparison_window():

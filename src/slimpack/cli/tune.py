@@ -32,6 +32,11 @@ from slimpack.tune.search import CONFIRM, CONFIRM_WITHIN, DEFERRING_CONFIRM_WITH
 from slimpack.tune.trials import MAX_DEFAULT_WORKERS, default_workers
 
 HELP = "search tp/pp/vpp/stage split/cp/dp/recomputation for each strategy's best layout on N GPUs"
+TIME_LIMIT_HELP = (
+    "end in about this many seconds (an estimate: a trial running is never cut): screening gets at least half, then "
+    "stops once the rest is what each strategy's best front runner needs to run the window; the other front runners "
+    "run it only where they end in time; the layouts and front runners left out are reported, with the most the "
+    "left layouts' floors allow (default: no limit, the exact search)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,9 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=DEFAULT_WINDOW_STEPS, metavar="S",
                         help=f"measured confirmation window, as in compare (default {DEFAULT_WINDOW_STEPS})")
     workers = default_workers()
-    parser.add_argument("--screen-time", type=non_negative_float, metavar="SECONDS", help=(
-        "screen no new layout after this many seconds (a strategy with none simulated goes on until one does), then "
-        "confirm the front runners found; what is left is reported with the most its floors allow (default: no limit)"))
+    parser.add_argument("--time-limit", type=non_negative_float, metavar="SECONDS", help=TIME_LIMIT_HELP)
     parser.add_argument("--workers", type=positive_int, default=workers, metavar="N",
                         help=f"worker processes running layouts; the results are the same for any number (default: "
                              f"one per CPU this process may use, at most {MAX_DEFAULT_WORKERS}: here {workers})")
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("enumerating layouts", total=None)
         result = tune(base, dataset, args.gpus, strategies, screen_steps=args.screen_steps, confirm=args.confirm,
                       window=Window(warmup_steps=args.warmup, steps=args.steps), workers=args.workers,
-                      screen_time_s=args.screen_time,
+                      time_limit_s=args.time_limit,
                       on_screen_total=lambda n: progress.update(task, total=n),
                       on_trial=lambda name, trial: progress.update(task, advance=trial.phase == "screen",
                                                                    description=f"{trial.phase}: {name}"))
@@ -115,7 +118,7 @@ def _table(rows: list[dict], result) -> Table:
                         f"{base.train.max_context // 1024}K context; {protocol(result, 'screen')}"
                         f"{'; front runners confirmed over ' + result.window.describe() if result.window else ''}; "
                         f"{skipped} layouts cannot hold the model; {result.wall_s:.0f} s (simulated)")
-    limited = result.screen_time_s is not None
+    limited = result.time_limit_s is not None
     for name in ("strategy", "best layout", "tokens/s", "efficiency", "vs fixed's best", "from", "simulated", "pruned",
                  "failed", *(("not screened",) if limited else ())):
         table.add_column(name, justify="left" if name in ("strategy", "best layout") else "right")

@@ -29,6 +29,8 @@ def best_rows(result: TuneResult) -> list[dict[str, Any]]:
             "confirmed": [{"layout": t.layout.label(), "status": t.status, "tokens_per_s": t.tokens_per_s,
                            "screen_tokens_per_s": next(s.tokens_per_s for s in tuning.trials if s.layout == t.layout)}
                           for t in tuning.confirmed],
+            "unconfirmed": [{"layout": t.layout.label(), "screen_tokens_per_s": t.tokens_per_s}
+                            for t in tuning.unconfirmed],
             "efficiency": best.efficiency if best else None,
             "step_time_s": best.step_time_s if best else None,
             "peak_memory_bytes": best.peak_memory_bytes if best else None,
@@ -59,7 +61,7 @@ def to_json(result: TuneResult) -> dict[str, Any]:
     config = result.best_config()
     return {"num_gpus": result.num_gpus, "dataset": result.dataset, "screen": result.screen.to_dict(),
             "window": result.window.to_dict() if result.window else None, "workers": result.workers,
-            "ahead_discarded": result.ahead_discarded, "screen_time_s": result.screen_time_s,
+            "ahead_discarded": result.ahead_discarded, "time_limit_s": result.time_limit_s,
             "model": result.base.model.name, "max_context": result.base.train.max_context,
             "global_batch_tokens": result.base.train.global_batch_tokens, "wall_s": result.wall_s,
             "skipped_layouts": dict(result.skipped), "strategies": best_rows(result),
@@ -88,7 +90,8 @@ def search_summary(result: TuneResult) -> list[str]:
 
 
 def unscreened_lines(result: TuneResult) -> list[str]:
-    """Per strategy the time limit cut short: how many layouts it left and the ceiling their floors allow."""
+    """Per strategy the time limit cut short: how many layouts it left and the ceiling their floors
+    allow, and the front runners it left unconfirmed."""
     lines = []
     for tuning in result.strategies:
         ceiling, best = tuning.unscreened_ceiling, tuning.screen_best
@@ -97,16 +100,19 @@ def unscreened_lines(result: TuneResult) -> list[str]:
                        else f"{ceiling / best.tokens_per_s - 1:.1%} above its best screened, {best.tokens_per_s:,.0f}")
             lines.append(f"{tuning.strategy}: {tuning.counts()[NOT_SCREENED]} layouts not screened (time limit); "
                          f"their time floors cap them at {ceiling:,.0f} tokens/s on the screened steps, {verdict}")
+        if tuning.unconfirmed:
+            lines.append(f"{tuning.strategy}: {len(tuning.unconfirmed)} front runner(s) not confirmed (time limit): "
+                         + ", ".join(f"{t.layout.label()} ({t.tokens_per_s:,.0f} screened)" for t in tuning.unconfirmed))
     return lines
 
 
 def markdown_table(result: TuneResult) -> str:
     lines = ["| strategy | best layout | tokens/s | efficiency | vs fixed's best | figures from | "
-             f"simulated / pruned / failed{' / not screened' if result.screen_time_s is not None else ''} |",
+             f"simulated / pruned / failed{' / not screened' if result.time_limit_s is not None else ''} |",
              "|---|---|---:|---:|---:|---|---|"]
     for r in best_rows(result):
         counts = f"{r['simulated']} / {r['pruned']} / {r['failed']}"
-        if result.screen_time_s is not None:
+        if result.time_limit_s is not None:
             counts += f" / {r['not_screened']}"
         if r["layout"] is None:
             lines.append(f"| {r['strategy']} | none fits | — | — | — | — | {counts} |")

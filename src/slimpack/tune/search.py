@@ -26,12 +26,17 @@ screened best that runs out of memory later in the window would hide every layou
 pruned (WLB-LLM at textbooks 128K on 64 GPUs: its screened best, ``tp1 pp1 dp64``, runs out of
 memory once its queues release the long documents).
 
-A screening time limit (``screen_time_s``, ``--screen-time``) makes the search an anytime one: past
-it no new layout is screened (a strategy with none simulated yet goes on until one does), the
-layouts left are told ``NOT_SCREENED`` with their floors, and the front runners found are confirmed
-as usual. The floors make the cut honest: no layout left unscreened can screen faster than the
-screened tokens over its floor (``StrategyTuning.unscreened_ceiling``), which the summary prints
-beside the best screened figure.
+A time limit (``time_limit_s``, ``--time-limit``) makes the search an anytime one that ends about
+then. Screening gets at least ``SCREEN_AT_LEAST`` of it; after that no new layout is screened once
+what is left is what giving every strategy one window figure would take (``confirm_reserve_s``); a
+strategy with none simulated yet goes on until one does. The layouts left are told ``NOT_SCREENED``
+with their floors. Each strategy's best front runner is confirmed whatever the time; the others
+only where their windows are estimated to end within the limit, and those left out are reported
+(``StrategyTuning.unconfirmed``). The floors make the cut honest: no layout left unscreened can
+screen faster than the screened tokens over its floor (``StrategyTuning.unscreened_ceiling``), which
+the summary prints beside the best screened figure. Idle workers go first to the search whose best
+could still rise the most by its floors (``_Search.headroom``), so the limit is spent where it can
+matter.
 Must not import torch.
 """
 
@@ -59,7 +64,7 @@ from slimpack.tune.trials import Task, Trial, Trials, reason
 
 PRUNED_BY_BOUND = "pruned: its time floor cannot beat the best simulated layout"
 PRUNED_BY_MEMORY = "pruned: model states plus the longest sample's activations exceed GPU memory"
-NOT_SCREENED = "not screened: the screening time limit passed"
+NOT_SCREENED = "not screened: the time limit left no time to screen it"
 CONFIRM = 5
 """Front runners per strategy confirmed over the window, at most (per micro-batch cap). One step
 ranks layouts within a few percent only roughly: over the 30 best-vs-best tables of ``docs/tune``
@@ -87,6 +92,12 @@ front runners were once taken by, charged one step of every long document held a
 the 30 best-vs-best tables of ``docs/tune`` its confirmed layouts ran the window at 0.93-1.44x
 their screened tokens/s (every other strategy's at most 1.15x), and layouts screened at 0.32M ran
 the window at 2.18M tokens/s (wikipedia 256K, 256 GPUs; docs/tune.md)."""
+SCREEN_AT_LEAST = 0.5
+"""The share of a time limit screening always gets. Past it, screening stops once the rest of the
+limit is what every strategy's first confirmation would take. Without it, one slow first layout cut
+the screening short: SlimPack's first simulated layout at wikipedia 128K on 256 GPUs (tp1, a 14 s
+trial) asks for an estimated 140 s window, which ended a 180 s search's screening at 40 s, although
+the layouts it screened next confirm in a third of that time."""
 PROTOCOL_WINDOW = Window()
 """The window front runners are confirmed over: the comparison protocol's (``slimpack compare``)."""
 
@@ -99,6 +110,8 @@ class StrategyTuning:
     confirmed: tuple[Trial, ...] = ()
     """The front runners over the window, in the order they were confirmed: round by round, best
     screened first (empty without confirmation)."""
+    unconfirmed: tuple[Trial, ...] = ()
+    """Front runners a time limit left no time to confirm (screened only; not picked)."""
     screened_tokens: int = 0
     """Tokens of the screened steps (what a screening figure's tokens/s is made of)."""
 
@@ -143,8 +156,8 @@ class TuneResult:
     workers: int = 1
     ahead_discarded: int = 0
     """Layouts screened ahead by an idle worker that the in-order search then pruned."""
-    screen_time_s: float | None = None
-    """The screening time limit (None: none)."""
+    time_limit_s: float | None = None
+    """The time limit (None: none)."""
 
     def best_config(self, strategy: str | None = None) -> Config | None:
         """The winning config overall, or ``strategy``'s best."""
@@ -221,16 +234,49 @@ class _Search:
         self.confirm_order: list[int] = []
         """The ranks confirmed or due, in the order they were taken up."""
         self.confirm_due: list[int] = []
+        self.unconfirmed: list[int] = []
+        """Front runners a time limit left no time to confirm (their screened figures only)."""
         self.finished = False
         self.running = 0
         self.screen_s = 0.0
-        """Seconds its screening trials have taken so far (what ``_next_task`` shares out)."""
+        """Seconds its screening trials have taken so far (``_next_task``'s last tie-break)."""
         self.out_of_time = False
-        """The screening time limit has passed: no new layout is screened once one has simulated."""
+        """The time limit leaves no time to screen: no new layout is screened once one has simulated."""
 
     # ---- screening -----------------------------------------------------------------------------
     def _could_win(self, rank: int) -> bool:
         return self.exhaustive or self.tokens / self.ranked[rank][0] > self.best
+
+    @property
+    def headroom(self) -> float:
+        """How far its best screened figure could still rise, as a ratio: the screened tokens over the
+        floor of the first layout not settled (the lowest left: floors rise in rank order), over the
+        best (infinite before a layout has simulated, 0 once every layout is settled)."""
+        rank = len(self.decided)
+        if rank == len(self.ranked):
+            return 0.0
+        return self.tokens / self.ranked[rank][0] / self.best if self.best > 0 else float("inf")
+
+    def window_estimate_s(self, rank: int) -> float:
+        """Estimated seconds of a screened layout's window: its screening trial's seconds per
+        screened step times the window's steps (over three 256-GPU cells, a 10-step window took
+        6-15x the one-step screen of the same layout; SlimPack's 6-12x, its later steps seeded)."""
+        assert self.window is not None
+        return self.decided[rank].wall_s * self.window.end_step / self.screen.steps
+
+    @property
+    def _has_window_figure(self) -> bool:
+        """A front runner has run the window and fitted, or one is running it."""
+        running = any(rank not in self.confirmed for rank in self.confirm_order if rank not in self.confirm_due)
+        return running or any(trial.ok for trial in self.confirmed.values())
+
+    def first_confirmation_s(self) -> float:
+        """What a time limit must leave this search: the estimated window of its best front runner
+        while it has no window figure (every strategy gets one), else nothing."""
+        if self.window is None or self._has_window_figure:
+            return 0.0
+        front = self.front_runners({rank for rank, trial in self.confirmed.items() if not trial.ok})
+        return self.window_estimate_s(front[0]) if front else 0.0
 
     @property
     def _cut_short(self) -> bool:
@@ -322,7 +368,12 @@ class _Search:
             del self.decided[self.pruned_at:]
             self.pruned_at = None
             return True
-        self.confirm_due = [rank for rank in self.front_runners(failed) if rank not in self.confirmed]
+        front = self.front_runners(failed)
+        if not any(trial.ok for trial in self.confirmed.values()):
+            # every window run so far failed: the front runners left out for time are taken up again
+            # (one was left out while the first still ran), so that the strategy gets a window figure
+            self.unconfirmed = [rank for rank in self.unconfirmed if rank not in front]
+        self.confirm_due = [rank for rank in front if rank not in self.confirmed and rank not in self.unconfirmed]
         self.confirm_order += self.confirm_due
         return bool(self.confirm_due)
 
@@ -346,8 +397,18 @@ class _Search:
                 front.append(rank)
         return front
 
-    def next_confirm(self) -> int | None:
-        return self.confirm_due.pop(0) if self.confirm_due else None
+    def next_confirm(self, now: float = 0.0, deadline: float = float("inf")) -> int | None:
+        """The next front runner to confirm, best screened first. One whose window would end past
+        ``deadline`` is left unconfirmed, unless the search has no window figure yet nor one on the
+        way (every strategy gets one: its best screened that fits the window)."""
+        while self.confirm_due:
+            needed = not self._has_window_figure
+            rank = self.confirm_due.pop(0)
+            if needed or now + self.window_estimate_s(rank) <= deadline:
+                return rank
+            self.confirm_order.remove(rank)
+            self.unconfirmed.append(rank)
+        return None
 
     def confirm_task(self, rank: int) -> Task:
         _, _, layout, config = self.ranked[rank]
@@ -357,46 +418,65 @@ class _Search:
     def tuning(self) -> StrategyTuning:
         confirmed = tuple(self.confirmed[rank] for rank in self.confirm_order if rank in self.confirmed)
         return StrategyTuning(strategy=self.strategy, trials=(*self.pruned_first, *self.decided), confirmed=confirmed,
+                              unconfirmed=tuple(self.decided[rank] for rank in self.unconfirmed),
                               screened_tokens=self.tokens)
 
 
-def _next_task(searches: Sequence[_Search]) -> tuple[_Search, Task, int] | None:
+def _next_task(searches: Sequence[_Search], now: float = 0.0, deadline: float = float("inf")
+               ) -> tuple[_Search, Task, int] | None:
     """What an idle worker runs: a due confirmation, else the frontier layout of the search with
-    the fewest trials running and, among those, the fewest screening seconds spent, else a layout
-    screened ahead. Seconds, so that a screening time limit is shared out equally (wikipedia 256K
-    on 256 GPUs, 90 s: in strategy order the first strategies took the workers and three others
-    screened one layout each; by layouts screened, ``fixed``'s cheap trials got 17; by seconds
-    every baseline found its full search's pick or better, docs/tune.md). Without a limit the
-    order changes only what is screened ahead, not what the search finds."""
+    the fewest trials running and, among those, the most headroom (then the fewest screening seconds
+    spent), else a layout screened ahead. Under a time limit this spends the time where a best could
+    still rise the most. Replayed on a virtual clock over seven 256-GPU cells with a 180 s limit and
+    2 workers (docs/tune.md), every baseline reached its full search's figure either way, and SlimPack's
+    pick came to 0.936-1.000 of its full search's by headroom (geometric mean 0.977) against
+    0.872-1.000 (0.946) with the time shared by screening seconds. Without a limit the order changes
+    only what is screened ahead, not what the search finds. Confirmations past the deadline:
+    ``_Search.next_confirm``."""
     for search in searches:
-        rank = search.next_confirm()
+        rank = search.next_confirm(now, deadline)
         if rank is not None:
             return search, search.confirm_task(rank), rank
     for ahead in (False, True):
-        for search in sorted(searches, key=lambda s: (s.running, s.screen_s)):
+        for search in sorted(searches, key=lambda s: (s.running, -s.headroom, s.screen_s)):
             rank = search.next_screen(ahead=ahead)
             if rank is not None:
                 return search, search.screen_task(rank), rank
     return None
 
 
+def confirm_reserve_s(searches: Sequence[_Search], workers: int) -> float:
+    """Estimated seconds to give every search a window figure (``_Search.first_confirmation_s``):
+    shared over the workers, at least the longest one. Only the first: the rest of the front runners
+    are confirmed as time allows (``_Search.next_confirm``). Reserving time for all of them cut the
+    screening far too early: at 256 GPUs SlimPack's windows alone took 150-330 CPU-s (docs/tune.md)."""
+    due = [search.first_confirmation_s() for search in searches]
+    return max([sum(due) / workers, *due], default=0.0)
+
+
 def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, Trial], None],
-         screen_until: float = float("inf")) -> None:
+         deadline: float = float("inf"), screen_from: float = float("inf")) -> None:
     """Keep the workers busy until every search is settled and confirmed; no new layout is screened
-    after ``screen_until`` (``time.perf_counter``) once a search has one that simulated."""
+    once ``deadline`` (``time.perf_counter``) leaves only the time to give every search a window
+    figure (``confirm_reserve_s``), once a search has one that simulated."""
     running: dict[Future[Trial], tuple[_Search, Task, int]] = {}
     while True:
+        now = time.perf_counter()
+        out_of_time = now >= screen_from and now + confirm_reserve_s(searches, trials.workers) >= deadline
         for search in searches:
-            search.out_of_time = time.perf_counter() >= screen_until
+            search.out_of_time = search.out_of_time or out_of_time  # once cut, screening stays cut
             for trial in search.advance():
                 on_trial(search.strategy, trial)
-        while len(running) < trials.workers and (job := _next_task(searches)) is not None:
+        while len(running) < trials.workers and (job := _next_task(searches, now, deadline)) is not None:
             search, task, rank = job
             search.running += 1
             running[trials.submit(task)] = (search, task, rank)
         if not running:
-            assert all(s.finished for s in searches)
-            return
+            if all(s.finished for s in searches):
+                return
+            # front runners were just left unconfirmed: the searches take up their next round (each
+            # pass confirms or leaves out one more of finitely many front runners, or finishes)
+            continue
         finished, _ = wait(running, return_when=FIRST_COMPLETED)
         for future in finished:
             search, task, rank = running.pop(future)
@@ -412,17 +492,17 @@ def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, T
 
 def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str], *, screen_steps: int = 1,
          window: Window | None = PROTOCOL_WINDOW, confirm: int = CONFIRM, confirm_within: float = CONFIRM_WITHIN,
-         exhaustive: bool = False, workers: int = 1, screen_time_s: float | None = None,
+         exhaustive: bool = False, workers: int = 1, time_limit_s: float | None = None,
          on_screen_total: Callable[[int], None] = lambda n: None,
          on_trial: Callable[[str, Trial], None] = lambda s, t: None) -> TuneResult:
     """The best layout of each strategy for ``num_gpus`` GPUs; ``base`` gives the model, cluster,
     context, batch and planner settings (its parallel layout and recomputation are searched).
     Layouts are screened over steps ``0 .. screen_steps - 1``; the front runners (``confirm``, 0 =
     none) are confirmed over ``window`` (see the module docstring). ``workers`` > 1 runs trials in
-    that many worker processes. With ``screen_time_s``, no new layout is screened after that many
-    seconds, once a strategy has one that simulated; the layouts left are ``NOT_SCREENED``, with their
-    floors (``StrategyTuning.unscreened_ceiling``), and the front runners found are confirmed as
-    usual. ``on_screen_total`` hears how many screening trials there are (a
+    that many worker processes. With ``time_limit_s`` the search ends about that many seconds after it
+    began (see the module docstring: the windows are estimated, a trial running is never cut, and
+    every strategy confirms one front runner whatever the time). ``on_screen_total`` hears how many
+    screening trials there are (a
     layout per micro-batch cap searched), ``on_trial`` of each screening trial as the search settles
     it (the pruned ones when the search finishes) and of each confirmation as it ends."""
     check_strategies(strategies)
@@ -430,8 +510,8 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
         raise UserError(f"--screen-steps must be >= 1, got {screen_steps}")
     if confirm < 0:
         raise UserError(f"--confirm must be >= 0, got {confirm}")
-    if screen_time_s is not None and not screen_time_s >= 0:
-        raise UserError(f"--screen-time must be >= 0 seconds, got {screen_time_s}")
+    if time_limit_s is not None and not time_limit_s >= 0:
+        raise UserError(f"--time-limit must be >= 0 seconds, got {time_limit_s}")
     window = window if confirm else None
     began = time.perf_counter()
     batches = stream_batches(dataset, base, screen_steps)
@@ -448,10 +528,13 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
             on_trial(search.strategy, trial)
     trials = Trials(dataset, workers)
     try:
-        _run(searches, trials, on_trial, began + screen_time_s if screen_time_s is not None else float("inf"))
+        if time_limit_s is None:
+            _run(searches, trials, on_trial)
+        else:
+            _run(searches, trials, on_trial, began + time_limit_s, began + SCREEN_AT_LEAST * time_limit_s)
     finally:
         trials.close()
     return TuneResult(base=base, num_gpus=num_gpus, dataset=dataset.name, screen=screen, window=window,
                       strategies=tuple(s.tuning() for s in searches), skipped=skipped,
-                      wall_s=time.perf_counter() - began, workers=workers, screen_time_s=screen_time_s,
+                      wall_s=time.perf_counter() - began, workers=workers, time_limit_s=time_limit_s,
                       ahead_discarded=sum(s.ahead_discarded for s in searches))
