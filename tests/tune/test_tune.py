@@ -174,6 +174,20 @@ def test_the_first_window_is_reserved_and_the_others_run_only_where_they_end_in_
     assert [roomy.next_confirm(now=0.0, deadline=10.0) for _ in range(3)] == [0, 1, None] and not roomy.unconfirmed
 
 
+def test_due_windows_go_first_where_there_is_no_window_figure_then_to_the_fewest_run():
+    # kk is named first and has one window running; fixed has none yet: fixed's is taken first,
+    # then, with one window each, the order they were named breaks the tie
+    first = _two_speeds_search("kk", [100, 97, 50], [3.0, 1.0, 2.0])
+    other = _two_speeds_search("fixed", [80, 79], [1.0, 1.0])
+    first._next_round()
+    other._next_round()
+    assert first.next_confirm() == 0 and first.has_window_figure and first.windows_taken == 1
+    assert not other.has_window_figure
+    assert search_module._next_task([first, other])[:3:2] == (other, 0)
+    assert other.windows_taken == 1
+    assert search_module._next_task([first, other])[:3:2] == (first, 1)
+
+
 def test_idle_workers_go_to_the_search_whose_best_could_rise_the_most():
     # two searches with their first layout screened, one at half its floor's throughput and one at
     # 90%: the first has the more headroom (the next floor over its best), so it is screened next

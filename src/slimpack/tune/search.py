@@ -265,15 +265,19 @@ class _Search:
         return self.decided[rank].wall_s * self.window.end_step / self.screen.steps
 
     @property
-    def _has_window_figure(self) -> bool:
+    def windows_taken(self) -> int:
+        """Front runners that have run the window or are running it."""
+        return len(self.confirm_order) - len(self.confirm_due)
+
+    @property
+    def has_window_figure(self) -> bool:
         """A front runner has run the window and fitted, or one is running it."""
-        running = any(rank not in self.confirmed for rank in self.confirm_order if rank not in self.confirm_due)
-        return running or any(trial.ok for trial in self.confirmed.values())
+        return len(self.confirmed) < self.windows_taken or any(trial.ok for trial in self.confirmed.values())
 
     def first_confirmation_s(self) -> float:
         """What a time limit must leave this search: the estimated window of its best front runner
         while it has no window figure (every strategy gets one), else nothing."""
-        if self.window is None or self._has_window_figure:
+        if self.window is None or self.has_window_figure:
             return 0.0
         front = self.front_runners({rank for rank, trial in self.confirmed.items() if not trial.ok})
         return self.window_estimate_s(front[0]) if front else 0.0
@@ -402,7 +406,7 @@ class _Search:
         ``deadline`` is left unconfirmed, unless the search has no window figure yet nor one on the
         way (every strategy gets one: its best screened that fits the window)."""
         while self.confirm_due:
-            needed = not self._has_window_figure
+            needed = not self.has_window_figure
             rank = self.confirm_due.pop(0)
             if needed or now + self.window_estimate_s(rank) <= deadline:
                 return rank
@@ -431,9 +435,11 @@ def _next_task(searches: Sequence[_Search], now: float = 0.0, deadline: float = 
     2 workers (docs/tune.md), every baseline reached its full search's figure either way, and SlimPack's
     pick came to 0.936-1.000 of its full search's by headroom (geometric mean 0.977) against
     0.872-1.000 (0.946) with the time shared by screening seconds. Without a limit the order changes
-    only what is screened ahead, not what the search finds. Confirmations past the deadline:
-    ``_Search.next_confirm``."""
-    for search in searches:
+    only what is screened ahead, not what the search finds. Due confirmations go first to a search
+    with no window figure yet, then to the one that has run the fewest: under a time limit the
+    windows that end in time (``_Search.next_confirm``) are shared out, not taken in the order the
+    strategies were named."""
+    for search in sorted(searches, key=lambda s: (s.has_window_figure, s.windows_taken)):
         rank = search.next_confirm(now, deadline)
         if rank is not None:
             return search, search.confirm_task(rank), rank
