@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from tune_workers import CONTEXTS, TOKENS_PER_GPU, Ran, replay
+from tune_workers import Ran, add_cell_arguments, cell, replay
 
-from slimpack.config import TrainConfig, build_config
-from slimpack.data import load_dataset
 from slimpack.tune import TuneResult
 
 
@@ -27,16 +25,11 @@ def picks(result: TuneResult) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama2-7b")
-    parser.add_argument("--dataset", default="wikipedia")
-    parser.add_argument("--context", default="128K", choices=CONTEXTS)
-    parser.add_argument("--gpus", type=int, default=256)
+    add_cell_arguments(parser, dataset="wikipedia")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--limits", default="120,180", help="comma-separated (virtual) seconds")
     args = parser.parse_args()
-    base = build_config(model=args.model, train=TrainConfig(max_context=CONTEXTS[args.context],
-                                                            global_batch_tokens=TOKENS_PER_GPU * args.gpus))
-    dataset = load_dataset(args.dataset)
+    base, dataset = cell(args)
     ran: Ran = {}
     exact_s, _, result = replay(base, dataset, args.gpus, args.workers, ran)
     exact = picks(result)

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import Future
 from unittest import mock
 
-from slimpack.config import TrainConfig, build_config
+from slimpack.config import Config, TrainConfig, build_config
 from slimpack.data import Dataset, load_dataset
 from slimpack.strategies import STRATEGIES
 from slimpack.tune import TuneResult, search, tune
@@ -64,7 +64,7 @@ class VirtualPool:
         pass
 
 
-def replay(base, dataset: Dataset, gpus: int, workers: int, ran: Ran, time_limit_s: float | None = None
+def replay(base: Config, dataset: Dataset, gpus: int, workers: int, ran: Ran, time_limit_s: float | None = None
            ) -> tuple[float, float, TuneResult]:
     """(virtual wall seconds, CPU seconds of the trials handed out, the search's result); the search
     reads the virtual clock, so a time limit is one of virtual seconds."""
@@ -81,17 +81,27 @@ def replay(base, dataset: Dataset, gpus: int, workers: int, ran: Ran, time_limit
     return pools[-1].now, pools[-1].busy, result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_cell_arguments(parser: argparse.ArgumentParser, *, dataset: str) -> None:
+    """The cell a replay searches: model, dataset, context and GPUs (64K tokens per GPU a batch)."""
     parser.add_argument("--model", default="llama2-7b")
-    parser.add_argument("--dataset", default="pydocs")
+    parser.add_argument("--dataset", default=dataset)
     parser.add_argument("--context", default="128K", choices=CONTEXTS)
     parser.add_argument("--gpus", type=int, default=256)
-    parser.add_argument("--workers", default="1,2,4,8,16")
-    args = parser.parse_args()
+
+
+def cell(args: argparse.Namespace) -> tuple[Config, Dataset]:
+    """The base config and dataset of ``add_cell_arguments``' cell."""
     base = build_config(model=args.model, train=TrainConfig(max_context=CONTEXTS[args.context],
                                                             global_batch_tokens=TOKENS_PER_GPU * args.gpus))
-    dataset = load_dataset(args.dataset)
+    return base, load_dataset(args.dataset)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_cell_arguments(parser, dataset="pydocs")
+    parser.add_argument("--workers", default="1,2,4,8,16")
+    args = parser.parse_args()
+    base, dataset = cell(args)
     ran: Ran = {}
     print("| workers (= cores) | estimated wall s | CPU-s of the trials handed out | picks as with 1 worker |\n"
           "|---:|---:|---:|---|", flush=True)

@@ -265,6 +265,11 @@ class _Search:
         return self.decided[rank].wall_s * self.window.end_step / self.screen.steps
 
     @property
+    def failed_windows(self) -> set[int]:
+        """Ranks that ran the window and failed there (out of memory or a failed schedule)."""
+        return {rank for rank, trial in self.confirmed.items() if not trial.ok}
+
+    @property
     def windows_taken(self) -> int:
         """Front runners that have run the window or are running it."""
         return len(self.confirm_order) - len(self.confirm_due)
@@ -279,7 +284,7 @@ class _Search:
         while it has no window figure (every strategy gets one), else nothing."""
         if self.window is None or self.has_window_figure:
             return 0.0
-        front = self.front_runners({rank for rank, trial in self.confirmed.items() if not trial.ok})
+        front = self.front_runners(self.failed_windows)
         return self.window_estimate_s(front[0]) if front else 0.0
 
     @property
@@ -365,7 +370,7 @@ class _Search:
         """Drop the layouts that failed the window from the running: re-open the screening if the
         best that remains lets a pruned layout win, else queue the front runners not yet confirmed.
         False when there is nothing left to do."""
-        failed = {rank for rank, trial in self.confirmed.items() if not trial.ok}
+        failed = self.failed_windows
         self.best = max((t.tokens_per_s for rank, t in enumerate(self.decided) if t.ok and rank not in failed),
                         default=0.0)
         if self.pruned_at is not None and self._could_win(self.pruned_at):
@@ -462,9 +467,9 @@ def confirm_reserve_s(searches: Sequence[_Search], workers: int) -> float:
 
 def _run(searches: Sequence[_Search], trials: Trials, on_trial: Callable[[str, Trial], None],
          deadline: float = float("inf"), screen_from: float = float("inf")) -> None:
-    """Keep the workers busy until every search is settled and confirmed; no new layout is screened
-    once ``deadline`` (``time.perf_counter``) leaves only the time to give every search a window
-    figure (``confirm_reserve_s``), once a search has one that simulated."""
+    """Keep the workers busy until every search is settled and confirmed. From ``screen_from``
+    (``time.perf_counter``) no new layout is screened once ``deadline`` leaves only the time to give
+    every search a window figure (``confirm_reserve_s``), once a search has one that simulated."""
     running: dict[Future[Trial], tuple[_Search, Task, int]] = {}
     while True:
         now = time.perf_counter()
