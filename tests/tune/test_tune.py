@@ -188,6 +188,35 @@ def test_due_windows_go_first_where_there_is_no_window_figure_then_to_the_fewest
     assert search_module._next_task([first, other])[:3:2] == (first, 1)
 
 
+def test_a_time_limit_screens_the_most_promising_layout_first():
+    batches = stream_batches(WIKIPEDIA, BASE, 1)
+    candidates, _ = candidate_layouts(BASE, 4, batches)
+    search = _Search("fixed", candidates, batches, Window(warmup_steps=0, steps=1), exhaustive=False, anytime=True)
+    ceiling = [search.tokens / floor for floor, *_ in search.ranked]
+    tp = [layout.tp for _, _, layout, _ in search.ranked]
+
+    def screen(rank, share, status=SIMULATED):
+        assert search.next_screen(ahead=False) == rank
+        search.screen_task(rank)
+        floor, _, layout, _ = search.ranked[rank]
+        search.receive(rank, Trial(layout=layout, status=status, floor_s=floor, tokens_per_s=share * ceiling[rank]))
+
+    first_tp2 = tp.index(2)
+    next_tp2 = tp.index(2, first_tp2 + 1)
+    # the layouts this is built on: tp1 has the lowest floors, and tp4's best ceiling is below what
+    # tp2's first layout will screen, so it is pruned
+    assert tp[:2] == [1, 1] and max(ceiling[r] for r in range(len(tp)) if tp[r] == 4) < 0.95 * ceiling[first_tp2]
+    # nothing simulated: the highest ceiling first; a layout out of memory leaves its tp's promise at 1
+    screen(0, 0.0, PLAN_OOM)
+    screen(1, 0.5)
+    # tp1 screens at half its ceiling, so tp2's best ceiling, untried, promises more than any tp1 layout
+    screen(first_tp2, 0.95)
+    # then tp2 at 95% of its ceilings against tp1 at 50%: the next tp2 layout, although tp1 layouts
+    # have higher ceilings (and are the frontier, which a search without a limit screens next)
+    assert ceiling[2] > ceiling[next_tp2] and 0.95 * ceiling[next_tp2] > 0.5 * ceiling[2]
+    assert search.next_screen(ahead=False) == next_tp2
+
+
 def test_idle_workers_go_to_the_search_whose_best_could_rise_the_most():
     # two searches with their first layout screened, one at half its floor's throughput and one at
     # 90%: the first has the more headroom (the next floor over its best), so it is screened next

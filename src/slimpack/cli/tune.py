@@ -33,7 +33,8 @@ from slimpack.tune.trials import MAX_DEFAULT_WORKERS, default_workers
 
 HELP = "search tp/pp/vpp/stage split/cp/dp/recomputation for each strategy's best layout on N GPUs"
 TIME_LIMIT_HELP = (
-    "end in about this many seconds (an estimate: a trial running is never cut): screening gets at least half, then "
+    "end in about this many seconds (an estimate: a trial running is never cut): screening gets at least half, the "
+    "most promising layouts first (each tp tried early, then the tp whose layouts came nearest their floors), then "
     "stops once the rest is what each strategy's best front runner needs to run the window; the other front runners "
     "run it only where they end in time; the layouts and front runners left out are reported, with the most the "
     "left layouts' floors allow (default: no limit, the exact search)")

@@ -34,9 +34,12 @@ with their floors. Each strategy's best front runner is confirmed whatever the t
 only where their windows are estimated to end within the limit, and those left out are reported
 (``StrategyTuning.unconfirmed``). The floors make the cut honest: no layout left unscreened can
 screen faster than the screened tokens over its floor (``StrategyTuning.unscreened_ceiling``), which
-the summary prints beside the best screened figure. Idle workers go first to the search whose best
-could still rise the most by its floors (``_Search.headroom``), so the limit is spent where it can
-matter.
+the summary prints beside the best screened figure. Under a limit a search screens its most
+promising layout first, not its frontier (``_Search._promise``: the ceiling scaled by how close to
+their ceilings the layouts of the same tp have screened), and idle workers go first to the search
+whose best could still rise the most by its floors (``_Search.headroom``), so the limit is spent
+where it can matter. Pruning still goes by the floors, against the best screened in or out of
+order, so the order changes what a limit finds, not what an exact search finds.
 Must not import torch.
 """
 
@@ -191,8 +194,11 @@ class _Search:
 
     def __init__(self, strategy: str, candidates: Sequence[tuple[Layout, Config]],
                  batches: Sequence[Sequence[Sample]], screen: Window, *, exhaustive: bool,
-                 window: Window | None = None, confirm: int = CONFIRM, within: float = CONFIRM_WITHIN) -> None:
+                 window: Window | None = None, confirm: int = CONFIRM, within: float = CONFIRM_WITHIN,
+                 anytime: bool = False) -> None:
         self.strategy, self.screen, self.exhaustive = strategy, screen, exhaustive
+        self.anytime = anytime
+        """Under a time limit: screen the most promising layout first (``_promise``), not the frontier."""
         self.window, self.confirm = window, confirm
         self.within = max(within, DEFERRING_CONFIRM_WITHIN) if strategy in DEFERS_SAMPLES else within
         self._ranking_figure: Callable[[Trial], float] = (
@@ -245,24 +251,61 @@ class _Search:
 
     # ---- screening -----------------------------------------------------------------------------
     def _could_win(self, rank: int) -> bool:
-        return self.exhaustive or self.tokens / self.ranked[rank][0] > self.best
+        return self.exhaustive or self._ceiling(rank) > self.screened_best
+
+    def _ceiling(self, rank: int) -> float:
+        """The most a layout can screen: the screened tokens over its time floor."""
+        return self.tokens / self.ranked[rank][0]
+
+    @property
+    def screened_best(self) -> float:
+        """The best screened figure, settled or screened ahead: a layout whose floor cannot beat it
+        cannot be the best screened, whichever it is (ahead, it rises sooner)."""
+        return max([self.best, *(t.tokens_per_s for t in self.results.values() if t.ok)])
+
+    def _screened(self) -> dict[int, Trial]:
+        """Every layout screened so far, settled or ahead, by rank."""
+        return {**dict(enumerate(self.decided)), **self.results}
+
+    def _open_ranks(self) -> list[int]:
+        """The layouts not settled, screened or running that could still win."""
+        return [r for r in range(len(self.decided), len(self.ranked)) if r not in self.submitted and self._could_win(r)]
+
+    def _promise(self) -> Callable[[int], float]:
+        """A time limit's screening order, the promise of a layout: its ceiling times the best share
+        of its ceiling that a simulated layout of the same tp has reached (1 while none has: each tp
+        is tried early), by the figure front runners are taken by (a deferring strategy's screen
+        without its drain: WLB-LLM's picks screen far below their windows with it).
+        The floors leave out memory, so they misjudge the tp degrees differently: at 256 GPUs
+        SlimPack's tp1 layouts, the most memory-bound, run at 0.29-0.8 of their floors and have the
+        lowest floors, while its tp4 layouts reach 0.89-0.94. Replayed on a virtual clock over seven
+        256-GPU cells with a 180 s limit and 2 workers, SlimPack's pick came to 0.993-1.000 of its
+        exact search's by promise, against 0.936-1.000 in floor order, every baseline at its exact
+        pick both ways (docs/tune.md). Sharing the workers by promise too (``headroom``) starved
+        WLB-LLM, whose picks screen far below their windows: 0.924-0.939 in three cells."""
+        share: dict[int, float] = {}
+        for rank, trial in self._screened().items():
+            if trial.ok:  # a layout out of memory says little of the others of its tp
+                tp = trial.layout.tp
+                share[tp] = max(share.get(tp, 0.0), self._ranking_figure(trial) / self._ceiling(rank))
+        return lambda rank: self._ceiling(rank) * share.get(self.ranked[rank][2].tp, 1.0)
 
     @property
     def headroom(self) -> float:
         """How far its best screened figure could still rise, as a ratio: the screened tokens over the
         floor of the first layout not settled (the lowest left: floors rise in rank order), over the
-        best (infinite before a layout has simulated, 0 once every layout is settled)."""
-        rank = len(self.decided)
+        best screened (infinite before a layout has simulated, 0 once every layout is settled)."""
+        rank, best = len(self.decided), self.screened_best
         if rank == len(self.ranked):
             return 0.0
-        return self.tokens / self.ranked[rank][0] / self.best if self.best > 0 else float("inf")
+        return self._ceiling(rank) / best if best > 0 else float("inf")
 
     def window_estimate_s(self, rank: int) -> float:
         """Estimated seconds of a screened layout's window: its screening trial's seconds per
         screened step times the window's steps (over three 256-GPU cells, a 10-step window took
         6-15x the one-step screen of the same layout; SlimPack's 6-12x, its later steps seeded)."""
         assert self.window is not None
-        return self.decided[rank].wall_s * self.window.end_step / self.screen.steps
+        return self._screened()[rank].wall_s * self.window.end_step / self.screen.steps
 
     @property
     def failed_windows(self) -> set[int]:
@@ -291,7 +334,7 @@ class _Search:
     def _cut_short(self) -> bool:
         """Screening stops here: the time limit has passed and some layout has simulated (a search
         with none goes on until one does, so that every strategy has an answer)."""
-        return self.out_of_time and self.best > 0
+        return self.out_of_time and self.screened_best > 0
 
     def settle(self) -> list[Trial]:
         """Settle what the in-order search can: the new screening trials, in order (the pruned ones
@@ -336,9 +379,12 @@ class _Search:
 
     def next_screen(self, *, ahead: bool) -> int | None:
         """The frontier layout if not yet running; with ``ahead``, else the next one that could
-        still win."""
+        still win. Under a time limit, the most promising one that could still win (``_promise``)."""
         if self._cut_short:
             return None
+        if self.anytime:  # the most promising, ahead or not (ties: the lower floor)
+            promise = self._promise()
+            return max(self._open_ranks(), key=lambda r: (promise(r), -r), default=None)
         frontier = len(self.decided)
         last = len(self.ranked) if ahead else min(frontier + 1, len(self.ranked))
         return next((r for r in range(frontier, last) if r not in self.submitted and self._could_win(r)), None)
@@ -393,14 +439,14 @@ class _Search:
         few micro-batches) and would otherwise fill the front runners with one layout: at textbooks
         128K on 64 GPUs ByteScale's three were two caps of one layout and a layout out of memory,
         which left out the layout that ran the window 31% faster."""
-        figure = self._ranking_figure
-        ranked = sorted((rank for rank, t in enumerate(self.decided) if t.ok and rank not in failed),
-                        key=lambda rank: -figure(self.decided[rank]))
-        top = figure(self.decided[ranked[0]]) if ranked else 0.0
+        figure, screened = self._ranking_figure, self._screened()
+        ranked = sorted((rank for rank, t in screened.items() if t.ok and rank not in failed),
+                        key=lambda rank: (-figure(screened[rank]), rank))
+        top = figure(screened[ranked[0]]) if ranked else 0.0
         taken: Counter[int | None] = Counter()
         front = []
         for rank in ranked:
-            trial = self.decided[rank]
+            trial = screened[rank]
             if figure(trial) >= (1 - self.within) * top and taken[trial.layout.micro_batch_tokens] < self.confirm:
                 taken[trial.layout.micro_batch_tokens] += 1
                 front.append(rank)
@@ -532,7 +578,7 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
         raise UserError(f"no layout of {num_gpus} GPUs can hold {base.model.name} ({reasons})")
     screen = Window(warmup_steps=0, steps=screen_steps)
     searches = [_Search(name, candidates, batches, screen, exhaustive=exhaustive, window=window, confirm=confirm,
-                        within=confirm_within) for name in strategies]
+                        within=confirm_within, anytime=time_limit_s is not None) for name in strategies]
     on_screen_total(sum(len(s.pruned_first) + len(s.ranked) for s in searches))
     for search in searches:
         for trial in search.pruned_first:
