@@ -39,7 +39,10 @@ promising layout first, not its frontier (``_Search._promise``: the ceiling scal
 their ceilings the layouts of the same tp have screened), and idle workers go first to the search
 whose best could still rise the most by its floors (``_Search.headroom``), so the limit is spent
 where it can matter. Pruning still goes by the floors, against the best screened in or out of
-order, so the order changes what a limit finds, not what an exact search finds.
+order, so the best screened is the exact search's whenever the limit lets screening finish; the
+search without a limit keeps the floor order, the cheapest exact one. With a limit, layouts met
+before the best was known may be screened although the exact search prunes them, so a limit not
+reached can still confirm other front runners (the summary says how many layouts each screened).
 Must not import torch.
 """
 
