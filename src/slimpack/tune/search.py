@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 
@@ -270,9 +270,9 @@ class _Search:
         """Every layout screened so far, settled or ahead, by rank."""
         return {**dict(enumerate(self.decided)), **self.results}
 
-    def _open_ranks(self) -> list[int]:
-        """The layouts not settled, screened or running that could still win."""
-        return [r for r in range(len(self.decided), len(self.ranked)) if r not in self.submitted and self._could_win(r)]
+    def _open_ranks(self) -> Iterator[int]:
+        """The layouts not settled, screened or running that could still win, in rank order."""
+        return (r for r in range(len(self.decided), len(self.ranked)) if r not in self.submitted and self._could_win(r))
 
     def _promise(self) -> Callable[[int], float]:
         """A time limit's screening order, the promise of a layout: its ceiling times the best share
@@ -389,8 +389,7 @@ class _Search:
             promise = self._promise()
             return max(self._open_ranks(), key=lambda r: (promise(r), -r), default=None)
         frontier = len(self.decided)
-        last = len(self.ranked) if ahead else min(frontier + 1, len(self.ranked))
-        return next((r for r in range(frontier, last) if r not in self.submitted and self._could_win(r)), None)
+        return next((r for r in self._open_ranks() if ahead or r == frontier), None)
 
     def screen_task(self, rank: int) -> Task:
         self.submitted.add(rank)
