@@ -229,7 +229,7 @@ def test_bytescale_buckets_by_length_and_gives_long_replicas_fewer_micro_batches
 
 def test_slimpipe_refuses_interleaving():
     config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=4, virtual_stages=2))
-    with pytest.raises(ValueError, match="virtual_stages"):
+    with pytest.raises(ValueError, match="without interleaved stages; got 2 virtual stages"):
         SlimPipePlanner(config)
 
 

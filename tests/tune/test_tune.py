@@ -2,6 +2,7 @@
 (the same as simulating every layout)."""
 
 import dataclasses
+import re
 from collections import Counter
 
 import pytest
@@ -25,7 +26,7 @@ from slimpack.tune.search import (
     _Search,
     candidate_layouts,
 )
-from slimpack.tune.trials import PLAN_OOM, SIMULATED, SIMULATED_OOM, Trial
+from slimpack.tune.trials import PLAN_OOM, SIMULATED, SIMULATED_OOM, Trial, failure_status
 
 BASE = build_config(model="llama2-7b", train=TrainConfig(max_context=16384, global_batch_tokens=2**17))
 WIKIPEDIA = load_dataset("wikipedia")
@@ -275,10 +276,24 @@ def test_front_runners_are_confirmed_over_the_comparison_window():
     assert kk.best.layout not in failed and kk.best.layout != kk.screen_best.layout
 
 
-def test_no_layout_fits_is_one_user_error():
+def test_no_layout_fits_is_one_user_error_that_names_the_fewest_gpus_that_would():
     big = build_config(model="llama2-70b", train=TrainConfig(max_context=4096))
-    with pytest.raises(UserError, match="no layout of 1 GPUs can hold llama2-70b"):
-        tune(big, WIKIPEDIA, 1, ["fixed"])
+    batches = stream_batches(WIKIPEDIA, big, 1)
+    for gpus in (1, 6):
+        with pytest.raises(UserError, match=f"no layout of {gpus} GPUs can hold llama2-70b") as raised:
+            tune(big, WIKIPEDIA, gpus, ["fixed"])
+        suggested = int(re.search(r"; (\d+) GPUs would hold its model states", str(raised.value)).group(1))
+        # the budget doubled: the suggestion holds the model states and half of it does not
+        assert suggested > gpus and suggested % gpus == 0 and (suggested // gpus).bit_count() == 1
+        assert candidate_layouts(big, suggested, batches)[0] and not candidate_layouts(big, suggested // 2, batches)[0]
+
+
+def test_a_failed_trial_is_counted_under_its_strategy():
+    assert failure_status("slimpipe", "slimpipe: its slice-level 1F1B runs without interleaved stages; got 2 "
+                          "virtual stages (use --vpp 1)") == (
+        "failed (slimpipe): its slice-level 1F1B runs without interleaved stages")
+    assert failure_status("kk", "pipelines[0]: interleaved 1F1B needs a multiple of pp=4 groups per pipeline, got 2") == (
+        "failed (kk): pipelines[N]: interleaved 1F1B needs a multiple of pp=N groups per pipeline, got N")
 
 
 def test_worker_processes_find_what_one_process_finds():

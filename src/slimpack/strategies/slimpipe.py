@@ -119,8 +119,8 @@ class SlimPipePlanner:
 
     def __init__(self, config: Config, *, num_slices: Sequence[int] = NUM_SLICES) -> None:
         if config.parallel.virtual_stages > 1:
-            raise UserError("slimpipe: slice-level 1F1B is implemented for virtual_stages = 1, got "
-                            f"{config.parallel.virtual_stages}")
+            raise UserError("slimpipe: its slice-level 1F1B runs without interleaved stages; got "
+                            f"{config.parallel.virtual_stages} virtual stages (use --vpp 1)")
         self.config = config
         self.cost = CostModel(config)
         context, shortest = config.train.max_context, config.planner.min_slice_tokens

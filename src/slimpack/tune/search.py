@@ -106,6 +106,8 @@ trial) asks for an estimated 140 s window, which ended a 180 s search's screenin
 the layouts it screened next confirm in a third of that time."""
 PROTOCOL_WINDOW = Window()
 """The window front runners are confirmed over: the comparison protocol's (``slimpack compare``)."""
+MOST_GPUS_SUGGESTED = 2**16
+"""When no layout of the budget holds the model, the error names the fewest GPUs that would, up to this."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +192,23 @@ def candidate_layouts(base: Config, num_gpus: int, batches: Sequence[Sequence[Sa
         out.append((layout, config))
     return out, skipped
 
+
+
+def no_layout_message(base: Config, num_gpus: int, skipped: Counter[str], lengths: Sequence[int]) -> str:
+    """Why no layout of ``num_gpus`` GPUs can hold the model, and the fewest GPUs (the budget doubled
+    until ``MOST_GPUS_SUGGESTED``) with a layout whose model states fit: what would work."""
+    reasons = "; ".join(f"{r} ({n} layout{'s' * (n > 1)})" for r, n in skipped.most_common(3))
+    message = f"no layout of {num_gpus} GPUs can hold {base.model.name}: {reasons}"
+    gpus = 2 * num_gpus
+    while gpus <= MOST_GPUS_SUGGESTED:
+        for layout in layouts(base, gpus, lengths, Counter()):
+            try:
+                CostModel(layout.apply(base)).check_states_fit()
+            except UserError:
+                continue
+            return f"{message}; {gpus} GPUs would hold its model states (e.g. {layout.label()})"
+        gpus *= 2
+    return f"{message}; no budget of up to {MOST_GPUS_SUGGESTED} GPUs of {base.cluster.name} holds it"
 
 
 class _Search:
@@ -576,8 +595,7 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
     batches = stream_batches(dataset, base, screen_steps)
     candidates, skipped = candidate_layouts(base, num_gpus, batches)
     if not candidates:
-        reasons = "; ".join(f"{n}x {r}" for r, n in skipped.most_common(3))
-        raise UserError(f"no layout of {num_gpus} GPUs can hold {base.model.name} ({reasons})")
+        raise UserError(no_layout_message(base, num_gpus, skipped, [s.length for s in batches[0]]))
     screen = Window(warmup_steps=0, steps=screen_steps)
     searches = [_Search(name, candidates, batches, screen, exhaustive=exhaustive, window=window, confirm=confirm,
                         within=confirm_within, anytime=time_limit_s is not None) for name in strategies]

@@ -84,6 +84,12 @@ def reason(message: str) -> str:
     return re.sub(r"(?<![A-Za-z])\d+(\.\d+)?(?![A-Za-z])", "N", message.split(";")[0])[:140]
 
 
+def failure_status(strategy: str, message: str) -> str:
+    """A failed trial's status: the reason under the strategy's name, since the summary adds up the
+    strategies' statuses (a message that names its strategy itself is not named twice)."""
+    return f"failed ({strategy}): {reason(message.removeprefix(f'{strategy}: '))}"
+
+
 def plan_out_of_memory(plan: Plan) -> str | None:
     """``PLAN_OOM`` when a device of the plan would exceed GPU memory: a device runs its actions
     one after another, so its peak follows from its order alone (``stage_peak_bytes``, equal to
@@ -113,7 +119,7 @@ def run_trial(task: Task, dataset: Dataset) -> Trial:
     if PLAN_OOM in row.errors:
         return Trial(status=PLAN_OOM, **common)  # type: ignore[arg-type]
     if row.failed_steps:
-        return Trial(status=f"failed: {reason(row.errors[0])}", **common)  # type: ignore[arg-type]
+        return Trial(status=failure_status(task.strategy, row.errors[0]), **common)  # type: ignore[arg-type]
     if row.oom_steps:
         return Trial(status=SIMULATED_OOM, peak_memory_bytes=row.peak_memory_bytes, **common)  # type: ignore[arg-type]
     tokens_per_s = row.tokens_per_s_with_drain if task.phase == "screen" else row.tokens_per_s
