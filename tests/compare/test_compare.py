@@ -199,7 +199,7 @@ def test_a_strategy_that_cannot_run_the_layout_fails_alone():
     config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, pp=2, dp=2, virtual_stages=2),
                           train=TrainConfig(max_context=32768, global_batch_tokens=1 << 18))
     rows = _rows(compare(config, load_dataset("pydocs"), ["fixed", "slimpipe"], Window(warmup_steps=1, steps=2)))
-    assert rows["slimpipe"].failed_steps == (1, 2) and "virtual_stages" in rows["slimpipe"].errors[0]
+    assert rows["slimpipe"].failed_steps == (1, 2) and "2 virtual stages (use --vpp 1)" in rows["slimpipe"].errors[0]
     assert rows["slimpipe"].efficiency is None
     assert rows["fixed"].failed_steps == () and rows["fixed"].tokens_per_s > 0
 
