@@ -69,6 +69,13 @@ def test_field_validation_and_unknown_keys():
         TrainConfig(recompute="sometimes")
     with pytest.raises(UserError, match=r"micro_batch_tokens must be at least max_context \(4096\).*got 1024"):
         TrainConfig(max_context=4096, micro_batch_tokens=1024)
+    # Past int64 numpy overflows deep in sampling; past a million GPUs planning crawls: both refused up front.
+    with pytest.raises(UserError, match=r"global_batch_tokens must be a positive integer of at most 2\*\*40"):
+        TrainConfig(global_batch_tokens=10**30)
+    assert TrainConfig(max_context=2**40, global_batch_tokens=2**40).max_context == 2**40
+    with pytest.raises(UserError, match=r"tp\*pp\*dp\*cp = 2147483648 GPUs; at most 2\*\*20"):
+        ParallelConfig(cp=2**31)
+    assert ParallelConfig(tp=1024, dp=1024).num_devices == 2**20
     assert TrainConfig(max_context=4096).micro_batch_cap == 4096  # by default a context-length sequence
     assert TrainConfig(max_context=4096, micro_batch_tokens=16384).micro_batch_cap == 16384
     with pytest.raises(UserError, match=r"unknown key\(s\) \['tpp'\]"):

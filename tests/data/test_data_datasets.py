@@ -146,4 +146,8 @@ def test_synthetic_by_name():
         load_dataset("synthetic:count=many")
     with pytest.raises(UserError, match="tail_share must be in"):
         load_dataset("synthetic:tail_share=2")
+    with pytest.raises(UserError, match="seed must be a non-negative integer, got -1"):
+        load_dataset("synthetic:seed=-1")
+    with pytest.raises(UserError, match="median must be a finite length"):
+        load_dataset("synthetic:median=inf")
 

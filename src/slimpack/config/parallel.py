@@ -8,6 +8,10 @@ from slimpack.config.base import ConfigBase, require
 from slimpack.config.cluster import ClusterConfig
 from slimpack.config.model import ModelConfig
 
+MOST_GPUS = 2**20
+"""Largest layout a config accepts: several times the largest clusters built, and small enough that
+every rank index and per-rank array stays cheap."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig(ConfigBase):
@@ -33,6 +37,8 @@ class ParallelConfig(ConfigBase):
         for name in ("tp", "pp", "dp", "cp", "virtual_stages"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, f"parallel layout: {name} must be an integer >= 1, got {value!r}")
+        require(self.num_devices <= MOST_GPUS,
+                f"parallel layout: tp*pp*dp*cp = {self.num_devices} GPUs; at most 2**20 ({MOST_GPUS:,}) are planned")
         require(all(isinstance(n, int) and n >= 1 for n in self.stage_layers),
                 f"parallel layout: stage_layers must be integers >= 1, got {list(self.stage_layers)}")
         require(not self.stage_layers or len(self.stage_layers) == self.pp * self.virtual_stages,

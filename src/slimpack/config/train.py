@@ -7,6 +7,10 @@ from typing import Literal
 
 from slimpack.config.base import ConfigBase, require
 
+MOST_TOKENS = 2**40
+"""Largest context or batch, in tokens, a config accepts. No real run comes near it (batches are tens
+of millions of tokens), and it keeps every token count and its prefix sums inside numpy's int64."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig(ConfigBase):
@@ -44,14 +48,14 @@ class TrainConfig(ConfigBase):
     those two cut the documents themselves and train less attention than the others."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.max_context, int) and self.max_context >= 1,
-                f"max_context must be a positive integer, got {self.max_context!r}")
-        require(isinstance(self.global_batch_tokens, int) and self.global_batch_tokens >= 1,
-                f"global_batch_tokens must be a positive integer, got {self.global_batch_tokens!r}")
+        for name in ("max_context", "global_batch_tokens"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and 1 <= value <= MOST_TOKENS,
+                    f"{name} must be a positive integer of at most 2**40 tokens, got {value!r}")
         require(self.micro_batch_tokens is None or (isinstance(self.micro_batch_tokens, int)
-                                                     and self.micro_batch_tokens >= self.max_context),
+                                                     and self.max_context <= self.micro_batch_tokens <= MOST_TOKENS),
                 f"micro_batch_tokens must be at least max_context ({self.max_context}): a micro-batch holds "
-                f"the longest sample; got {self.micro_batch_tokens!r}")
+                f"the longest sample; and at most 2**40; got {self.micro_batch_tokens!r}")
         require(self.layer_ops in ("slimpack", "transformers"),
                 f"layer_ops must be 'slimpack' or 'transformers', got {self.layer_ops!r}")
         require(isinstance(self.cut_documents, bool),

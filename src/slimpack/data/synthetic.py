@@ -49,13 +49,15 @@ class SyntheticConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         require(_is_int(self.count) and self.count >= 1, f"count must be >= 1, got {self.count!r}")
-        require(self.median >= 1, f"median must be >= 1 token, got {self.median!r}")
-        require(self.sigma >= 0, f"sigma must be >= 0, got {self.sigma!r}")
+        # numpy draws from infinite parameters without complaint; every draw would clip to max_length.
+        require(1 <= self.median < np.inf, f"median must be a finite length >= 1 token, got {self.median!r}")
+        require(0 <= self.sigma < np.inf, f"sigma must be finite and >= 0, got {self.sigma!r}")
         require(0 <= self.tail_share <= 1, f"tail_share must be in [0, 1], got {self.tail_share!r}")
         require(self.tail_alpha > 0, f"tail_alpha must be > 0, got {self.tail_alpha!r}")
         require(_is_int(self.max_length) and self.max_length >= 1,
                 f"max_length must be a positive integer, got {self.max_length!r}")
-        require(_is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        # default_rng refuses negative seeds with a bare ValueError.
+        require(_is_int(self.seed) and self.seed >= 0, f"seed must be a non-negative integer, got {self.seed!r}")
 
     @property
     def tail_scale(self) -> float:
