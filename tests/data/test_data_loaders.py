@@ -111,7 +111,7 @@ def test_parquet_token_list_column_found_beside_text(tmp_path):
     ("a.csv", "length\n-4\n", ["a.csv line 2", "length -4 must be >= 1"]),
     ("a.csv", "length,x\n5,1\n,2\n", ["a.csv line 3", "empty value"]),
     ("a.csv", "length\n", ["a.csv", "no lengths"]),
-    ("a.csv", "path,bytes\nx,5\n", ["a.csv", "no length column", "'path'", "'bytes'"]),
+    ("a.csv", "path,bytes\nx,5\n", ["a.csv", "no length column", "'path'", "'bytes'", "--column NAME"]),
     ("a.txt", "5\n\n6\nseven\n", ["a.txt line 4", "'seven' is not a number"]),
     ("a.txt", "5\n1e3\n", ["a.txt line 2", "not an integer"]),
     ("a.jsonl", '{"length": 5}\n{"length": 0}\n', ["a.jsonl line 2", "length 0 must be >= 1"]),

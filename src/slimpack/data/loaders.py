@@ -267,7 +267,7 @@ def _pick_column(names: list[str], column: str | None, path: Path,
     if len(names) == 1:
         return 0
     raise UserError(f"{path}: no length column; expected one of {list(candidates)} or a single "
-                    f"column, found {names} (pick one with column=...)")
+                    f"column, found {names} (pick one: --column NAME on the command line, column= in the API)")
 
 
 def _is_int(text: str) -> bool:
