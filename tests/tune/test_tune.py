@@ -19,6 +19,7 @@ from slimpack.tune import search as search_module
 from slimpack.tune import tune
 from slimpack.tune.bounds import memory_floor_bytes, time_floor_s
 from slimpack.tune.layouts import RECOMPUTE, layouts
+from slimpack.tune.report import unscreened_lines
 from slimpack.tune.search import (
     NOT_SCREENED,
     PRUNED_BY_BOUND,
@@ -286,6 +287,19 @@ def test_no_layout_fits_is_one_user_error_that_names_the_fewest_gpus_that_would(
         # the budget doubled: the suggestion holds the model states and half of it does not
         assert suggested > gpus and suggested % gpus == 0 and (suggested // gpus).bit_count() == 1
         assert candidate_layouts(big, suggested, batches)[0] and not candidate_layouts(big, suggested // 2, batches)[0]
+
+
+def test_a_search_well_past_its_limit_says_why():
+    # no limit cuts a trial, and every strategy screens one layout: a 0 s limit always runs over
+    result = tune(BASE, WIKIPEDIA, 4, ["fixed", "kk"], confirm=0, time_limit_s=0)
+    longest = max(t.wall_s for tuning in result.strategies for t in tuning.trials)
+    overrun = unscreened_lines(dataclasses.replace(result, wall_s=10.0))[0]
+    assert overrun == ("the search took 10 s against the 0 s limit: every strategy screens and confirms at least "
+                       f"one layout, and a trial is never cut (the longest took {longest:.1f} s)")
+    # within a second (or a quarter) of the limit nothing is said
+    assert not any(line.startswith("the search took") for line in unscreened_lines(dataclasses.replace(result, wall_s=1.0)))
+    assert not any(line.startswith("the search took") for line in
+                   unscreened_lines(dataclasses.replace(result, wall_s=13.0, time_limit_s=12.0)))
 
 
 def test_a_failed_trial_is_counted_under_its_strategy():

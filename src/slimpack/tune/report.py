@@ -89,10 +89,20 @@ def search_summary(result: TuneResult) -> list[str]:
     return lines
 
 
+OVERRUN_NOTED = 1.25
+"""A limited search that ends past this multiple of its limit (and a second more) says why."""
+
+
 def unscreened_lines(result: TuneResult) -> list[str]:
     """Per strategy the time limit cut short: how many layouts it left and the ceiling their floors
-    allow, and the front runners it left unconfirmed."""
+    allow, and the front runners it left unconfirmed; first, where the search ran well past its
+    limit, why (the limit cannot cut a trial, and every strategy gets a screen and a window)."""
     lines = []
+    limit = result.time_limit_s
+    if limit is not None and result.wall_s > OVERRUN_NOTED * limit + 1:
+        longest = max(t.wall_s for tuning in result.strategies for t in (*tuning.trials, *tuning.confirmed))
+        lines.append(f"the search took {result.wall_s:.0f} s against the {limit:g} s limit: every strategy screens "
+                     f"and confirms at least one layout, and a trial is never cut (the longest took {longest:.1f} s)")
     for tuning in result.strategies:
         ceiling, best = tuning.unscreened_ceiling, tuning.screen_best
         if ceiling is not None and best is not None:
