@@ -76,6 +76,8 @@ def test_field_validation_and_unknown_keys():
     with pytest.raises(UserError, match=r"tp\*pp\*dp\*cp = 2147483648 GPUs; at most 2\*\*20"):
         ParallelConfig(cp=2**31)
     assert ParallelConfig(tp=1024, dp=1024).num_devices == 2**20
+    with pytest.raises(UserError, match=r"gpus_per_node must be at most 2\*\*20, got 1048577"):
+        dataclasses.replace(build_config().cluster, gpus_per_node=2**20 + 1)
     assert TrainConfig(max_context=4096).micro_batch_cap == 4096  # by default a context-length sequence
     assert TrainConfig(max_context=4096, micro_batch_tokens=16384).micro_batch_cap == 16384
     with pytest.raises(UserError, match=r"unknown key\(s\) \['tpp'\]"):

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from slimpack.config.base import ConfigBase, require
 
+MOST_GPUS = 2**20
+"""Largest layout (and node) a config accepts: several times the largest clusters built, and small
+enough that every rank index and per-rank array stays cheap and inside numpy's int64."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterConfig(ConfigBase):
@@ -38,6 +42,8 @@ class ClusterConfig(ConfigBase):
         for name in ("intra_node_latency_s", "inter_node_latency_s", "reserved_memory_bytes"):
             value = getattr(self, name)
             require(value >= 0, f"cluster {self.name!r}: {name} must be >= 0, got {value!r}")
+        require(self.gpus_per_node <= MOST_GPUS,
+                f"cluster {self.name!r}: gpus_per_node must be at most 2**20, got {self.gpus_per_node!r}")
         require(self.reserved_memory_bytes < self.memory_bytes,
                 f"cluster {self.name!r}: reserved_memory_bytes must be below memory_bytes")
 

@@ -5,12 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slimpack.config.base import ConfigBase, require
-from slimpack.config.cluster import ClusterConfig
+from slimpack.config.cluster import MOST_GPUS, ClusterConfig
 from slimpack.config.model import ModelConfig
-
-MOST_GPUS = 2**20
-"""Largest layout a config accepts: several times the largest clusters built, and small enough that
-every rank index and per-rank array stays cheap."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
