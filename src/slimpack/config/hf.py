@@ -64,7 +64,8 @@ def model_from_hf_config(data: dict[str, Any], *, name: str, dtype_bytes: int = 
     if moe:
         raise UserError(f"{where}: mixture-of-experts ({moe[0]}={data[moe[0]]}) is not supported: "
                         f"the cost model describes dense layers only")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    # a hand-edited config can hold any JSON here; only a known name is hashable and supported
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(f"{where}: model_type {model_type!r} is not supported; supported: "
                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     _refuse_sliding_window(data, where)
@@ -74,7 +75,7 @@ def model_from_hf_config(data: dict[str, Any], *, name: str, dtype_bytes: int = 
                         f"{list(_GATED_ACTIVATIONS)} (a gated MLP)")
     hidden = _field(data, "hidden_size", where)
     num_heads = _field(data, "num_attention_heads", where)
-    head_dim = data.get("head_dim")
+    head_dim = None if data.get("head_dim") is None else _field(data, "head_dim", where)
     if head_dim is not None and head_dim * num_heads != hidden:
         raise UserError(f"{where}: head_dim={head_dim} differs from hidden_size/num_attention_heads "
                         f"= {hidden}/{num_heads}; such attention widths are not modelled")
@@ -100,7 +101,9 @@ def _refuse_sliding_window(data: dict[str, Any], where: str) -> None:
         active = bool(data["use_sliding_window"])
     else:
         active = data.get("sliding_window") is not None
-    layer_types = data.get("layer_types") or ()
+    layer_types = data.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise UserError(f"{where}: layer_types must be a list of attention kinds, got {layer_types!r}")
     if active or any(kind != "full_attention" for kind in layer_types):
         raise UserError(f"{where}: sliding-window attention (sliding_window="
                         f"{data.get('sliding_window')}) is not supported: the cost model assumes "
