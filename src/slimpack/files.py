@@ -1,5 +1,6 @@
 """Reading the project's data files (configs, plans, calibrations): JSON, or TOML by suffix, with
-one-line errors that name the file. Must not import torch."""
+one-line errors that name the file; and where files are written, the folders made first. Must not
+import torch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from slimpack.errors import UserError
+
+
+def output_path(path: str | Path) -> Path:
+    """``path`` with its folders made: every writer goes through here, so an output in a folder that
+    does not exist yet is written at the end of a run rather than failing after the work (the CLI
+    checks the path before the work and creates nothing, ``slimpack.cli.common.check_output``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def read_data_file(path: str | Path, what: str) -> dict[str, Any]:

@@ -56,6 +56,10 @@ def _bad_input(cli, capsys, tmp_path, argv, message):
     ([*SMALL_COMPARE, "--report", "/proc/slimpack-report"], "--report /proc/slimpack-report: cannot write there"),
     ([*SMALL_COMPARE, "--json", "/sys/slimpack.json"], "--json /sys/slimpack.json: cannot write there"),
     (["simulate", "PLAN", "--trace", "/proc/x/trace.json"], "--trace /proc/x/trace.json: cannot write there"),
+    # tune checked none of its outputs before the search, so a bad one failed after minutes of work
+    (["tune", "--gpus", "8", "--json", "/sys/slimpack.json"], "--json /sys/slimpack.json: cannot write there"),
+    (["tune", "--gpus", "8", "--output", "/proc/x/best.json"], "--output /proc/x/best.json: cannot write there"),
+    (["plan", "--output", "/sys/plan.json"], "--output /sys/plan.json: cannot write there"),
     (["plan", "--step", "-1"], "expected an integer >= 0"),
     (["compare", "--warmup", "-1"], "expected an integer >= 0"),
     (["compare", "--steps", "0"], "expected a positive integer"),
@@ -66,6 +70,23 @@ def _bad_input(cli, capsys, tmp_path, argv, message):
 ])
 def test_planning_commands(cli, capsys, tmp_path, files, argv, message):
     _bad_input(cli, capsys, tmp_path, [files.get(a, a) for a in argv], message)
+
+
+def test_outputs_land_in_folders_made_for_them_and_a_file_in_the_way_is_refused_first(cli, capsys, tmp_path):
+    # a missing folder used to fail the write at the end of the run, after the work
+    nested = tmp_path / "a" / "b" / "p.json"
+    assert cli(["plan", "--model", "tiny", "--tp", "1", "--pp", "1", "--dp", "1", "--max-context", "2K",
+                "--global-batch-tokens", "8K", "--output", str(nested)]) == 0
+    assert json.loads(nested.read_text())["format"] == "slimpack-plan"
+    assert cli([*SMALL_COMPARE, "--json", str(tmp_path / "c" / "x.json")]) == 0
+    assert [row["strategy"] for row in json.loads((tmp_path / "c" / "x.json").read_text())["strategies"]] == ["fixed"]
+    capsys.readouterr()
+    (tmp_path / "blocker").write_text("")
+    _bad_input(cli, capsys, tmp_path, [*SMALL_COMPARE, "--json", str(tmp_path / "blocker" / "x.json")],
+               f"cannot write there ({tmp_path / 'blocker'} is a file, where the path needs a folder)")
+    # an input error leaves no folder for the output behind
+    _bad_input(cli, capsys, tmp_path, ["plan", "--step", "0", "--max-context", "4", "--global-batch-tokens", "64K",
+                                       "--output", str(tmp_path / "d" / "p.json")], "samples per epoch")
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slimpack.cli.common import add_config_arguments, check_output, config_from_args, positive_int
 from slimpack.config.defaults import CALIBRATION_CONFIG
 from slimpack.errors import UserError
+from slimpack.files import output_path
 
 if TYPE_CHECKING:
     from slimpack.cost.calibrate import CalibrationResult
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                        say=lambda line: print(f"{line}, {args.threads} thread(s)", flush=True))
     if args.records:
         save_records(result.records, args.records)
-    Path(args.output).write_text(json.dumps(result.config.to_dict(), indent=2) + "\n")
+    output_path(args.output).write_text(json.dumps(result.config.to_dict(), indent=2) + "\n")
     _report(result.ops, result.fit, args.output)
     return 0
 

@@ -171,13 +171,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def check_output(path: str, flag: str, *, directory: bool = False) -> None:
-    """Refuse an output path that cannot be written, before the work starts (creates nothing)."""
+    """Refuse an output path that cannot be written, before the work starts. It creates nothing: the
+    writes make the folders the path names (``slimpack.files.output_path``)."""
     target = Path(path)
     if target.exists() and target.is_dir() != directory:
         raise UserError(f"{flag} {path}: {'not a directory' if directory else 'is a directory'}")
     probe = target if target.is_dir() else target.parent
     while not probe.exists():  # the folders that will be made: probe the first one that exists
         probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{flag} {path}: cannot write there ({probe} is a file, where the path needs a folder)")
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass

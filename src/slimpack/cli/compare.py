@@ -30,6 +30,7 @@ from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, che
 from slimpack.config import Config
 from slimpack.config.defaults import PLANNING_CONFIG
 from slimpack.cost import CostModel
+from slimpack.files import output_path
 from slimpack.strategies import STRATEGIES
 from slimpack.units import MIB
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:
-            Path(args.json).write_text(text + "\n")
+            output_path(args.json).write_text(text + "\n")
     if args.report:
         from slimpack.compare.report import write_report
 

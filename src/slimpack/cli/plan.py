@@ -11,6 +11,7 @@ from slimpack.cli.common import (
     add_config_arguments,
     add_dataset_arguments,
     add_planner_arguments,
+    check_output,
     config_from_args,
     context_note,
     dataset_from_args,
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     dataset = dataset_from_args(args)
+    check_output(args.output, "--output")
     planned = plan_step(dataset, config, args.strategy, step=args.step, shuffle=args.shuffle)
     save_plan(planned.plan, args.output)
     console = Console(stderr=True)

@@ -15,6 +15,7 @@ from slimpack.cli.common import (
     add_cut_documents_argument,
     add_dataset_arguments,
     add_planner_arguments,
+    check_output,
     config_from_args,
     context_note,
     dataset_from_args,
@@ -25,6 +26,7 @@ from slimpack.cli.common import (
 from slimpack.compare import Window
 from slimpack.compare.run import DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS
 from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, build_config, save_config
+from slimpack.files import output_path
 from slimpack.strategies import STRATEGIES
 from slimpack.tune import tune
 from slimpack.tune.report import best_rows, protocol, search_summary, to_json, write_report
@@ -84,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     base = config_from_args(args)
     dataset = dataset_from_args(args)
+    check_output(args.output, "--output")
+    if args.json and args.json != "-":
+        check_output(args.json, "--json")
+    if args.report:
+        check_output(args.report, "--report", directory=True)
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
@@ -101,12 +108,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(line, highlight=False)
     winner = result.best_config()
     if winner is not None:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         save_config(winner, args.output)
         out.print(f"winning config: {args.output} (use it with --config in plan, compare or train)")
     if args.json:
         text = json.dumps(to_json(result), indent=2) + "\n"
-        sys.stdout.write(text) if args.json == "-" else Path(args.json).write_text(text)
+        sys.stdout.write(text) if args.json == "-" else output_path(args.json).write_text(text)
     if args.report:
         out.print(f"report: {write_report(result, Path(args.report), ['slimpack', *args.argv])}")
     return 0

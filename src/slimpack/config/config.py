@@ -19,7 +19,7 @@ from slimpack.config.planner import PlannerConfig
 from slimpack.config.presets import cluster_preset
 from slimpack.config.train import TrainConfig
 from slimpack.errors import UserError
-from slimpack.files import read_data_file
+from slimpack.files import output_path, read_data_file
 
 CONFIG_VERSION = 1
 
@@ -70,7 +70,7 @@ def build_config(*, model: str | ModelConfig = "llama2-7b", gpu: str | ClusterCo
 
 
 def save_config(config: Config, path: str | Path) -> None:
-    path = Path(path)
+    path = output_path(path)
     data = config.to_dict()
     if path.suffix == ".toml":
         path.write_text(tomli_w.dumps(data))

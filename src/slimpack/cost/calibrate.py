@@ -25,7 +25,7 @@ import numpy as np
 from slimpack.config import EfficiencyConfig, ModelConfig
 from slimpack.cost import flops
 from slimpack.errors import UserError
-from slimpack.files import read_data_file
+from slimpack.files import output_path, read_data_file
 
 Op = Literal["gemm", "attention", "layer"]
 
@@ -127,7 +127,7 @@ def fit_efficiency(records: list[TimingRecord], model: ModelConfig, peak_flops: 
 
 
 def save_records(records: list[TimingRecord], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([dataclasses.asdict(r) for r in records], indent=1) + "\n")
+    output_path(path).write_text(json.dumps([dataclasses.asdict(r) for r in records], indent=1) + "\n")
 
 
 def load_records(path: str | Path) -> list[TimingRecord]:

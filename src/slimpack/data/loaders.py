@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from slimpack.errors import UserError
+from slimpack.files import output_path
 
 LENGTH_COLUMNS: tuple[str, ...] = ("length", "tokens", "tokens_qwen3", "num_tokens")
 """Column names recognised as a length, in order of preference (CSV and Parquet)."""
@@ -309,7 +310,7 @@ def check_length_file_name(path: str | Path) -> str:
 def save_lengths(lengths: np.ndarray, path: str | Path) -> None:
     """Write lengths so that :func:`load_lengths` reads them back: ``.npy`` (int64), ``.csv`` (a
     ``length`` column) or ``.txt`` (one per line)."""
-    path = Path(path)
+    path = output_path(path)
     suffix = check_length_file_name(path)
     lengths = np.asarray(lengths, dtype=np.int64)
     if suffix == ".npy":

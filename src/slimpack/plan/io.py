@@ -14,7 +14,7 @@ from typing import Any
 
 from slimpack.config import Config
 from slimpack.errors import UserError
-from slimpack.files import read_data_file
+from slimpack.files import output_path, read_data_file
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.schedule.actions import Action
 
@@ -160,7 +160,7 @@ def plan_from_dict(data: dict[str, Any], *, where: str = "plan") -> Plan:
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan_to_dict(plan), separators=(",", ":")) + "\n")
+    output_path(path).write_text(json.dumps(plan_to_dict(plan), separators=(",", ":")) + "\n")
 
 
 def load_plan(path: str | Path) -> Plan:

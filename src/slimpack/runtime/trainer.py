@@ -25,6 +25,7 @@ from slimpack.config import Config
 from slimpack.config.defaults import PRECISIONS
 from slimpack.data.text import VOCAB_SIZE, TextCorpus
 from slimpack.errors import UserError
+from slimpack.files import output_path
 from slimpack.runtime import distributed
 from slimpack.runtime.attention import resolve_backend
 from slimpack.runtime.loader import PlanningLoader
@@ -236,4 +237,4 @@ class Trainer:
             (out / f"rank{rank}.json").write_text(json.dumps(spans_trace(spans, meta), separators=(",", ":")) + "\n")
             say(f"traces: {out}/rank<R>.json (open in ui.perfetto.dev)")
         if rank == 0 and self.options.log_json:
-            Path(self.options.log_json).write_text(json.dumps(records, indent=2) + "\n")
+            output_path(self.options.log_json).write_text(json.dumps(records, indent=2) + "\n")

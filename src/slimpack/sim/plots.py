@@ -18,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from slimpack.files import output_path
 from slimpack.sim.result import DeviceMemory, SimResult
 from slimpack.units import GIB
 
@@ -95,7 +96,7 @@ def gantt(result: SimResult, path: str | Path, max_pipelines: int = 8) -> None:
     rows = min(max_pipelines, len({span.pipeline for span in result.spans})) * pp
     fig = Figure(figsize=(14.0, min(24.0, max(3.0, 1.2 + 0.24 * rows))), layout="constrained")
     draw_gantt(fig.add_subplot(), result, max_pipelines=max_pipelines)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(output_path(path), dpi=DPI)
 
 
 def _stage_envelope(memories: list[DeviceMemory], end: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -143,4 +144,4 @@ def memory_timeline(result: SimResult, path: str | Path) -> None:
     """Write the memory timeline of every device to ``path`` (PNG, SVG, PDF)."""
     fig = Figure(figsize=(12.0, 5.0), layout="constrained")
     draw_memory_timeline(fig.add_subplot(), result)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(output_path(path), dpi=DPI)

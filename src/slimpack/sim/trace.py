@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from slimpack.files import output_path
 from slimpack.plan.types import Action
 from slimpack.sim.result import SimResult, Span
 from slimpack.units import GIB
@@ -75,4 +76,4 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
 
 
 def save_chrome_trace(result: SimResult, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(result), separators=(",", ":")) + "\n")
+    output_path(path).write_text(json.dumps(chrome_trace(result), separators=(",", ":")) + "\n")
