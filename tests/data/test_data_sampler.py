@@ -221,6 +221,19 @@ def test_a_batch_of_more_samples_than_a_plan_may_hold_is_refused():
     assert sampler.start(1) == (0, MAX_BATCH_SAMPLES)  # the step's span, found without building the batch
 
 
+def test_a_batch_that_wraps_round_a_small_dataset_too_often_is_refused_before_sampling():
+    # 3 documents of 10 tokens: 2**20 + 2 tokens pass through them 34,952 times, 104,856 samples or
+    # more: allowed; 10x that is refused up front (the sampler walked the epochs one by one, and 1G
+    # tokens did not end in a minute)
+    lengths = np.full(3, 10)
+    within = GlobalBatchSampler(lengths, SamplerConfig(global_batch_tokens=2**20 + 2, max_context=16))
+    assert len(within.batch_at(0).samples) == (2**20 + 2) // 10
+    with pytest.raises(UserError, match=r"a batch of 10,485,780 tokens runs 349,526 times or more through dataset "
+                                        r"'.*' \(30 tokens, 3 samples\): at least 1,048,578 samples, more than the "
+                                        r"1,048,576 a plan may hold"):
+        GlobalBatchSampler(lengths, SamplerConfig(global_batch_tokens=10 * (2**20 + 2), max_context=16))
+
+
 def test_step_accepts_numpy_integers_only():
     sampler = GlobalBatchSampler(np.array([5, 6]), SamplerConfig(global_batch_tokens=8, max_context=8))
     assert sampler.batch_at(np.int64(1)) == sampler.batch_at(1)

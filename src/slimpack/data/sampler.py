@@ -192,6 +192,15 @@ class GlobalBatchSampler:
         if self.tokens_per_epoch == 0:
             raise UserError(f"dataset {dataset.name!r}: every document is longer than max_context "
                             f"({config.max_context}) and drop_long is set: nothing to sample")
+        # A batch much larger than the dataset wraps round it epoch after epoch: refuse it before
+        # the sampler walks those epochs one by one (10**8 of them for 1G tokens of a 30-token set).
+        whole_epochs = config.global_batch_tokens // self.tokens_per_epoch
+        if whole_epochs * self.samples_per_epoch > MAX_BATCH_SAMPLES:
+            raise UserError(f"a batch of {config.global_batch_tokens:,} tokens runs {whole_epochs:,} times or more "
+                            f"through dataset {dataset.name!r} ({self.tokens_per_epoch:,} tokens, "
+                            f"{self.samples_per_epoch:,} samples): at least {whole_epochs * self.samples_per_epoch:,} "
+                            f"samples, more than the {MAX_BATCH_SAMPLES:,} a plan may hold: lower "
+                            f"global_batch_tokens or use a larger dataset")
         self._starts: dict[int, tuple[int, int]] = {0: (0, 0)}
         """Step -> stream position (epoch, index) where its batch starts, for the steps reached so far
         (and any restored with ``set_start``)."""

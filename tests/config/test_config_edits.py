@@ -1,0 +1,62 @@
+"""A hand-edited config file: whatever one value is replaced by (or a key removed), reading it and
+building its cost model either works or raises one ``UserError``, never another exception. Fuzzing
+found numpy overflows here (a layout of 2**31 GPUs, a node of 10**30, a batch of 10**30 tokens)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slimpack.config import Config, build_config
+from slimpack.cost import CostModel
+from slimpack.data.sampler import SamplerConfig
+from slimpack.errors import UserError
+
+BASE = build_config(model="tiny").to_dict()
+REMOVED = object()
+EXTREMES = [0, -1, 2**31, 2**40 + 1, 2**63, 10**30, 1e308, float("inf"), float("nan"), -0.0, True, None, "x", [],
+            {}, REMOVED]
+"""Tried on every field: hypothesis alone draws mostly small values."""
+
+
+def _leaves(data: dict, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    for key, value in data.items():
+        out += _leaves(value, (*prefix, key)) if isinstance(value, dict) else [(*prefix, key)]
+    return out
+
+
+def _read_edited(path: tuple, value: object) -> None:
+    data = copy.deepcopy(BASE)
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is REMOVED:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    try:
+        config = Config.from_dict(data)
+        cost = CostModel(config)
+        cost.check_states_fit()
+        assert cost.p2p_time(1024.0, from_stage=0, to_stage=min(1, config.parallel.pp - 1)) >= 0
+        assert SamplerConfig.from_train(config.train).global_batch_tokens == config.train.global_batch_tokens
+    except UserError:
+        pass
+
+
+@pytest.mark.parametrize("path", _leaves(BASE), ids=".".join)
+def test_every_extreme_in_every_field_is_read_or_refused_with_one_user_error(path):
+    for value in EXTREMES:
+        _read_edited(path, value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(_leaves(BASE)),
+       st.one_of(st.integers(min_value=-2**70, max_value=2**70), st.floats(), st.text(max_size=4),
+                 st.lists(st.integers(min_value=-3, max_value=3), max_size=3)))
+def test_any_random_edit_is_read_or_refused_with_one_user_error(path, value):
+    _read_edited(path, value)
