@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from slimpack.config import Config, ParallelConfig, TrainConfig, build_config
@@ -81,3 +83,21 @@ def synthetic_batch(seed: int, num_tokens: int, max_context: int, *, first_id: i
             samples.append(Sample(id=first_id + len(samples), length=n, arrival_step=step))
             total += n
     return samples
+
+
+REMOVED = object()
+"""``edited``'s value that deletes the key instead."""
+
+
+def edited(data: dict, path: tuple, value: object) -> dict:
+    """A deep copy of ``data`` with the entry at ``path`` (keys and list indices) set to ``value``, or
+    deleted for ``REMOVED``: one hand edit of a config or plan file."""
+    data = copy.deepcopy(data)
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is REMOVED:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return data

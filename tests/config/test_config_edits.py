@@ -4,19 +4,17 @@ found numpy overflows here (a layout of 2**31 GPUs, a node of 10**30, a batch of
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import REMOVED, edited
 from slimpack.config import Config, build_config
 from slimpack.cost import CostModel
 from slimpack.data.sampler import SamplerConfig
 from slimpack.errors import UserError
 
 BASE = build_config(model="tiny").to_dict()
-REMOVED = object()
 EXTREMES = [0, -1, 2**31, 2**40 + 1, 2**63, 10**30, 1e308, float("inf"), float("nan"), -0.0, True, None, "x", [],
             {}, REMOVED]
 """Tried on every field: hypothesis alone draws mostly small values."""
@@ -30,16 +28,8 @@ def _leaves(data: dict, prefix: tuple = ()) -> list[tuple]:
 
 
 def _read_edited(path: tuple, value: object) -> None:
-    data = copy.deepcopy(BASE)
-    parent = data
-    for key in path[:-1]:
-        parent = parent[key]
-    if value is REMOVED:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
     try:
-        config = Config.from_dict(data)
+        config = Config.from_dict(edited(BASE, path, value))
         cost = CostModel(config)
         cost.check_states_fit()
         assert cost.p2p_time(1024.0, from_stage=0, to_stage=min(1, config.parallel.pp - 1)) >= 0
