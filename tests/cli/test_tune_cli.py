@@ -64,6 +64,7 @@ def test_front_runners_the_time_limit_leaves_unconfirmed_are_reported(monkeypatc
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["tune", "--gpus", "0"], "expected a positive integer"),
+    (["tune", "--gpus", str(2**20 + 1)], "--gpus 1048577: at most 2**20 (1,048,576) GPUs are laid out"),
     (["tune", "--gpus", "8", "--strategies", "nope"], "unknown strategy 'nope'"),
     (["tune", "--gpus", "8", "--time-limit", "-1"], "expected a finite number >= 0"),
     (["tune", "--gpus", "8", "--model", "gpt-9"], "unknown model"),

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 from slimpack.compare.run import Window, check_strategies
 from slimpack.config import Config
+from slimpack.config.cluster import MOST_GPUS
 from slimpack.cost import CostModel
 from slimpack.data import Dataset
 from slimpack.errors import UserError
@@ -584,6 +585,8 @@ def tune(base: Config, dataset: Dataset, num_gpus: int, strategies: Sequence[str
     layout per micro-batch cap searched), ``on_trial`` of each screening trial as the search settles
     it (the pruned ones when the search finishes) and of each confirmation as it ends."""
     check_strategies(strategies)
+    if num_gpus > MOST_GPUS:  # else the first layout's config refuses it, in a layout's words
+        raise UserError(f"--gpus {num_gpus}: at most 2**20 ({MOST_GPUS:,}) GPUs are laid out")
     if screen_steps < 1:
         raise UserError(f"--screen-steps must be >= 1, got {screen_steps}")
     if confirm < 0:
