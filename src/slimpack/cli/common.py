@@ -190,6 +190,14 @@ def check_output(path: str, flag: str, *, directory: bool = False) -> None:
         raise UserError(f"{flag} {path}: the file is read-only")
 
 
+def check_json_and_report(args: argparse.Namespace) -> None:
+    """``--json FILE`` (``-`` is stdout) and ``--report DIR`` of compare and tune, checked before the work."""
+    if args.json and args.json != "-":
+        check_output(args.json, "--json")
+    if args.report:
+        check_output(args.report, "--report", directory=True)
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -209,8 +217,8 @@ def plan_summary(plan: Plan) -> str:
             f"{sum(s.length for s in scheduled)} tokens")
 
 
-__all__ = ["add_config_arguments", "add_cut_documents_argument", "add_dataset_arguments", "check_output",
-           "config_from_args", "context_note", "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
+__all__ = ["add_config_arguments", "add_cut_documents_argument", "add_dataset_arguments", "check_json_and_report",
+           "check_output", "config_from_args", "context_note", "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
            "positive_float", "positive_int", "print_json", "runtime_config_from_args"]
 
 

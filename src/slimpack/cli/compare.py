@@ -17,7 +17,7 @@ from slimpack.cli.common import (
     add_config_arguments,
     add_dataset_arguments,
     add_planner_arguments,
-    check_output,
+    check_json_and_report,
     config_from_args,
     context_note,
     dataset_from_args,
@@ -58,10 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     check_strategies(strategies)
-    if args.json and args.json != "-":
-        check_output(args.json, "--json")
-    if args.report:
-        check_output(args.report, "--report", directory=True)
+    check_json_and_report(args)
     config = config_from_args(args)
     CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
     dataset = dataset_from_args(args)

@@ -15,6 +15,7 @@ from slimpack.cli.common import (
     add_cut_documents_argument,
     add_dataset_arguments,
     add_planner_arguments,
+    check_json_and_report,
     check_output,
     config_from_args,
     context_note,
@@ -87,10 +88,7 @@ def run(args: argparse.Namespace) -> int:
     base = config_from_args(args)
     dataset = dataset_from_args(args)
     check_output(args.output, "--output")
-    if args.json and args.json != "-":
-        check_output(args.json, "--json")
-    if args.report:
-        check_output(args.report, "--report", directory=True)
+    check_json_and_report(args)
     console = Console(stderr=True)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:

@@ -310,8 +310,8 @@ def check_length_file_name(path: str | Path) -> str:
 def save_lengths(lengths: np.ndarray, path: str | Path) -> None:
     """Write lengths so that :func:`load_lengths` reads them back: ``.npy`` (int64), ``.csv`` (a
     ``length`` column) or ``.txt`` (one per line)."""
+    suffix = check_length_file_name(path)  # before any folder is made for a name that is refused
     path = output_path(path)
-    suffix = check_length_file_name(path)
     lengths = np.asarray(lengths, dtype=np.int64)
     if suffix == ".npy":
         np.save(path, lengths)
