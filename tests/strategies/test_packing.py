@@ -186,3 +186,28 @@ def test_best_fit_decreasing_is_a_partition_under_capacity(lengths):
     assert all(sum(lengths[i] for i in b) <= 100 for b in bins)
     # best fit never leaves two bins that could be merged with both at most half full
     assert sum(1 for b in bins if sum(lengths[i] for i in b) <= 50) <= 1
+
+
+def test_longest_processing_time_first_by_hand_with_and_without_a_count_cap():
+    from slimpack.strategies.base import lpt_assign
+
+    # heaviest first to the least loaded bin: 9 -> 0; 8 -> 1; 3 -> 1 (8 < 9); 2 -> 0 (9 < 11); 1 -> 0 (11 = 11, lower index)
+    assert lpt_assign([3, 9, 1, 8, 2], 2) == [1, 0, 0, 1, 0]
+    # uncapped: 9 -> 0; 3 -> 1; 2 -> 1 (3 < 9); 1 -> 1 (5 < 9): one bin gets three of the four
+    assert lpt_assign([9, 3, 2, 1], 2) == [0, 1, 1, 1]
+    # at most 2 items a bin: bin 1 is full after the 2 and leaves, so the 1 goes to bin 0
+    assert lpt_assign([9, 3, 2, 1], 2, most_items=2) == [0, 1, 1, 0]
+
+
+@given(loads=st.lists(st.floats(0, 100), max_size=40), bins=st.integers(1, 6))
+def test_a_count_cap_gives_every_bin_its_share_of_the_items(loads, bins):
+    from slimpack.strategies.base import lpt_assign, members
+
+    cap = -(-len(loads) // bins)
+    owner = lpt_assign(loads, bins, most_items=cap)
+    held = members(owner, bins)
+    assert sorted(i for part in held for i in part) == list(range(len(loads)))
+    assert all(part == [i for i, o in enumerate(owner) if o == b] for b, part in enumerate(held))
+    assert all(len(part) <= cap for part in held)
+    if len(loads) == cap * bins:
+        assert all(len(part) == cap for part in held)

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import slimpack.strategies.slimpack.candidates as candidates
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
 from slimpack.config.presets import cluster_preset
 from slimpack.cost import CostModel
@@ -128,24 +129,32 @@ def test_never_out_of_memory_nor_behind_where_a_baseline_fits(lengths, pp, vpp, 
     name, merged, width = plan.info["candidate"].partition(" on ")
     name = re.sub(r" \([\d,]+-token micro-batches\)$", "", name)  # a baseline's plan at a larger cap
     assert name in ("slimpack", "fixed", *BASELINE_CANDIDATES) or name.startswith(
-        ("sliced bfd", "bfd sequences by FLOPs", "sliced fixed-length", "fixed-length sequences"))
+        ("sliced bfd", "bfd sequences by FLOPs", "sliced fixed-length", "fixed-length sequences",
+         "sliced equal-token", "equal-token sequences"))
     assert not merged or width == f"{plan.info['merged_replicas']} merged replicas"
 
 
-def test_keeps_up_with_wlb_where_it_defers_nothing():
+def test_keeps_up_with_wlb_where_it_defers_nothing(monkeypatch):
     """Stress probe seed 71, cell 3 (docs/stress-probes.md): without a pipeline, WLB-LLM's 4
     micro-batches per replica beat SlimPack's own 6 groups and kk's 5; its plan, which defers
-    nothing there, is now a candidate."""
+    nothing there, is a candidate. Since the thirty-fifth session 4 sequences of equal tokens a
+    replica (as many as the fixed-length cut makes) are one too, and a little faster still."""
     config = build_config(model="qwen2.5-7b", parallel=ParallelConfig(tp=1, pp=1, dp=4),
                           train=TrainConfig(max_context=16384, global_batch_tokens=262144, recompute="full"))
     batch = stream_batches(load_dataset("textbooks"), config, 1)[0]
     wlb = make_planner("wlb", config).plan(batch, step=0)
     assert not wlb.deferred
     plan = make_planner("slimpack", config).plan(batch, step=0)
-    assert plan.info["candidate"] == "wlb"
+    assert plan.info["candidate"] == "equal-token sequences in 1F1B"
+    assert [len(pipe.forward) for pipe in plan.pipelines] == [len(pipe.forward) for pipe in wlb.pipelines] == [4] * 4
     step_s = simulate(plan).step_time_s
-    assert step_s == pytest.approx(simulate(wlb).step_time_s, rel=1e-12)
+    assert step_s <= simulate(wlb).step_time_s
     assert step_s < plan.info["slimpack"]["step_s"]  # its own plan: slower
+    # without that spread WLB-LLM's plan wins, as it is
+    monkeypatch.setattr(candidates, "SEQUENCE_SPREADS", ("documents", "sequences"))
+    plan = make_planner("slimpack", config).plan(batch, step=0)
+    assert plan.info["candidate"] == "wlb"
+    assert simulate(plan).step_time_s == pytest.approx(simulate(wlb).step_time_s, rel=1e-12)
 
 
 def test_the_issue_regime_scaled_down_fits_and_keeps_up():

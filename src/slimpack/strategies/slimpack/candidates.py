@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from slimpack.cost import CostModel, model_training_flops
 from slimpack.errors import ScheduleError, UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice, group_tokens, with_default_orders
 from slimpack.sim import pipelines_step_time
-from slimpack.strategies.base import cut_to_context, lpt_assign, symmetric_replica, whole
+from slimpack.strategies.base import cut_to_context, lpt_assign, members, symmetric_replica, whole
 from slimpack.strategies.fixed import pack_fixed_length
 from slimpack.strategies.micro_batches import micro_batch_caps
 from slimpack.strategies.packing import best_fit_decreasing
@@ -107,14 +108,21 @@ class Candidate:
         return Candidate(pipelines=lambda: enumerate(plan.pipelines), assemble=lambda _: plan)
 
 
-SEQUENCE_SPREADS = ("documents", "sequences")
+EQUAL_TOKENS = "equal tokens"
+"""The spread that packs the batch into as many sequences as Megatron's fixed-length cut makes
+(``_replica_sequences``), each document whole."""
+SEQUENCE_SPREADS = ("documents", "sequences", EQUAL_TOKENS)
 """How ``sliced_sequence_plans`` spreads the batch over the replicas (and, where Megatron's
-fixed-length cut leaves every document whole, ``FIXED_LENGTH`` too). Neither wins everywhere: of
-199 comparisons in the stress cells without interleaving (the slice-level candidate alone, where it
+fixed-length cut leaves every document whole, ``FIXED_LENGTH`` too). None wins everywhere. Of the
+first two, of 199 comparisons in the stress cells without interleaving (the slice-level candidate alone, where it
 fits, on the documents and on the fixed-length pieces), dealing the documents was faster in 68
 (3.4-3.9% at stress cell 8 and up to 1.96x at cell 182, where two long sequences went to one
 replica) and dealing the sequences in 14 (up to 1.1%: the documents can leave one replica with an
-extra, part-filled sequence); the rest were within 0.1%."""
+extra, part-filled sequence); the rest were within 0.1%. ``EQUAL_TOKENS`` (thirty-fifth session)
+packs as Megatron's cut does, but whole documents: as many sequences, of about equal tokens, the
+same count on every replica. In stress probe seed 409, cell 12 (llama3-8b, 256K, pp 8, 2 replicas),
+at 8 slices: documents dealt first 4.19 s (9 and 8 sequences), sequences dealt 4.29 s (8 and 8,
+full but unequal in FLOPs), equal tokens 4.05 s; SlimPipe on the cut pieces 4.05 s."""
 FIXED_LENGTH = "fixed-length"
 """The spread of SlimPipe itself: the batch in data order cut into context-length sequences, dealt
 round-robin (``fixed.pack_fixed_length``). A candidate only where that cut splits no document
@@ -156,9 +164,10 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
     also runs but with the sequences dealt by tokens; it is tried here also where a clear lead
     skips the whole-sample candidates (two probe cells on the fixed-length pieces, where SlimPipe
     won with whole sequences: 0.983x and 0.986x of it without, 1.005x and 1.002x with).
-    Two ways to spread the documents over the replicas (one with a single replica): the sequences of
-    the whole batch dealt by their FLOPs, and the documents dealt by their FLOPs, then packed into
-    sequences on each replica (``_replica_sequences``). Their pipelines are built the most tokens
+    Three ways to spread the documents over the replicas (two with a single replica): the sequences
+    of the whole batch dealt by their FLOPs; the documents dealt by their FLOPs, then packed into
+    sequences on each replica; and as many sequences of about equal tokens as the fixed-length cut
+    makes, dealt by their FLOPs (``_replica_sequences``). Their pipelines are built the most tokens
     first (the likeliest to rule a candidate out). ``first``: the (spread, slice count) to put
     first, the previous step's winner (consecutive batches are alike): tried first, it sets the bar
     the others are given up against after fewer pipelines."""
@@ -168,7 +177,8 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
         return []
     planner = SlimPipePlanner(config)
     samples = cut_to_context(batch, config.train.max_context)
-    spreads = SEQUENCE_SPREADS if config.parallel.dp > 1 else ("sequences",)  # one replica: the same plan
+    # one replica: dealing the documents first packs what dealing the sequences packs
+    spreads = SEQUENCE_SPREADS if config.parallel.dp > 1 else ("sequences", EQUAL_TOKENS)
     if cuts_no_document(samples, config.train.max_context):
         spreads = (*spreads, FIXED_LENGTH)
 
@@ -179,9 +189,10 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
         plan = planner.assemble(samples, built, n, step)
         return dataclasses.replace(plan, info={**plan.info, "spread": spread})
 
+    documents = _Documents.of(samples, config)
     owned = {}  # per spread: its replicas' sequences, and the replicas the most tokens first
     for spread in spreads:
-        own = _replica_sequences(samples, spread, config)
+        own = _replica_sequences(documents, spread, config)
         tokens = [sum(map(group_tokens, sequences)) for sequences in own]
         owned[spread] = own, sorted(range(len(own)), key=lambda r: (-tokens[r], r))
     keys = sorted(((spread, n) for spread in spreads for n in planner.candidates), key=lambda k: k != first)
@@ -189,31 +200,63 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
             for spread, n in keys]
 
 
-def _replica_sequences(samples: Sequence[Sample], spread: str, config) -> list[list[list[Slice]]]:
-    """Per replica, its sequences (best-fit-decreasing within the context), heaviest first.
-    ``sequences``: the batch is packed, then its sequences dealt by their FLOPs; ``documents``: the
-    documents are dealt by their FLOPs, then each replica packs its own; ``FIXED_LENGTH``: SlimPipe's
-    sequences and order (for a batch that cut leaves whole). The first two deal by FLOPs
-    (longest-processing-time first), not round-robin: best-fit-decreasing puts the longest
-    documents (the most attention) in the first sequences, and dealing those in turn gives the first
-    replica the heavier of every pair (stress cell 67: 3.62 s against 3.45 s for SlimPipe's equal
-    fixed-length sequences)."""
+def _cut_count(samples: Sequence[Sample], config) -> int:
+    """Sequences per replica that Megatron's fixed-length cut of ``samples`` needs, dealt evenly."""
+    context, dp = config.train.max_context, config.parallel.dp
+    return max(1, math.ceil(sum(s.length for s in samples) / (context * dp)))
+
+
+class _Documents(NamedTuple):
+    """A batch as every spread reads it, made once: its samples, each as one whole slice, their
+    tokens and their training FLOPs."""
+
+    samples: Sequence[Sample]
+    slices: list[Slice]
+    lengths: np.ndarray
+    flops: np.ndarray
+
+    @staticmethod
+    def of(samples: Sequence[Sample], config) -> _Documents:
+        lengths = np.array([s.length for s in samples], dtype=np.int64)
+        return _Documents(samples, [whole(s) for s in samples], lengths,
+                          model_training_flops(config.model, lengths.astype(np.float64)))
+
+    def heaviest_first(self, bins: list[list[list[int]]]) -> list[list[list[Slice]]]:
+        """Per replica, its bins of sample indices as sequences of whole samples, the most FLOPs first."""
+        return [[[self.slices[i] for i in b] for b in sorted(own, key=lambda b: -self.flops[b].sum())]
+                for own in bins]
+
+
+def _replica_sequences(documents: _Documents, spread: str, config) -> list[list[list[Slice]]]:
+    """Per replica, its sequences, heaviest first.
+    ``sequences``: the batch is packed best-fit-decreasing within the context, then its sequences
+    dealt by their FLOPs; ``documents``: the documents are dealt by their FLOPs, then each replica
+    packs its own so; ``EQUAL_TOKENS``: the batch goes into as many sequences per replica as the
+    fixed-length cut needs, ceil(tokens / (context x replicas)), each document to the sequence with
+    the fewest tokens so far, longest first (so about equal tokens: at most the shortest documents
+    past the context), then the same count of sequences dealt to every replica by their FLOPs;
+    ``FIXED_LENGTH``: SlimPipe's sequences and order (for a batch that cut leaves whole). The first
+    three deal by FLOPs (longest-processing-time first), not round-robin: best-fit-decreasing puts
+    the longest documents (the most attention) in the first sequences, and dealing those in turn
+    gives the first replica the heavier of every pair (stress cell 67: 3.62 s against 3.45 s for
+    SlimPipe's equal fixed-length sequences)."""
     context, dp = config.train.max_context, config.parallel.dp
     if spread == FIXED_LENGTH:  # SlimPipe's own: data order, dealt in turn
-        _, sequences = pack_fixed_length(samples, context)
+        _, sequences = pack_fixed_length(documents.samples, context)
         return [sequences[r::dp] for r in range(dp)]
-    lengths = np.array([s.length for s in samples], dtype=np.int64)
-    flops = model_training_flops(config.model, lengths.astype(np.float64))
+    lengths, flops = documents.lengths, documents.flops
     if spread == "documents":
-        owner = np.asarray(lpt_assign(flops.tolist(), dp))
-        mine = [np.flatnonzero(owner == r) for r in range(dp)]
-        bins = [[mine[r][b].tolist() for b in best_fit_decreasing(lengths[mine[r]].tolist(), context)]
-                for r in range(dp)]
+        mine = members(lpt_assign(flops.tolist(), dp), dp)
+        return documents.heaviest_first([[[mine[r][i] for i in b] for b in best_fit_decreasing(
+            lengths[mine[r]].tolist(), context)] for r in range(dp)])
+    if spread == EQUAL_TOKENS:
+        count = dp * _cut_count(documents.samples, config)
+        every = [b for b in members(lpt_assign(lengths.tolist(), count), count) if b]  # fewer documents than sequences
+        owner = lpt_assign([float(flops[b].sum()) for b in every], dp, most_items=math.ceil(len(every) / dp))
     else:
         every = best_fit_decreasing(lengths.tolist(), context)
-        owner = np.asarray(lpt_assign([float(flops[b].sum()) for b in every], dp))
-        bins = [[b for b, o in zip(every, owner.tolist(), strict=True) if o == r] for r in range(dp)]
-    return [[[whole(samples[i]) for i in b] for b in sorted(own, key=lambda b: -flops[b].sum())] for own in bins]
+        owner = lpt_assign([float(flops[b].sum()) for b in every], dp)
+    return documents.heaviest_first([[every[i] for i in mine] for mine in members(owner, dp)])
 
 
 def fastest_fitting(candidates: Sequence[Candidate], cost: CostModel, *, beat: float = float("inf")
@@ -322,6 +365,8 @@ def _sliced_name(info: dict) -> str:
     n, spread = info["num_slices"], info["spread"]
     if spread == FIXED_LENGTH:
         return "fixed-length sequences in 1F1B" if n == 1 else f"sliced fixed-length sequences (n={n})"
+    if spread == EQUAL_TOKENS:
+        return "equal-token sequences in 1F1B" if n == 1 else f"sliced equal-token sequences (n={n})"
     documents = spread == "documents"
     if n == 1:
         return f"bfd sequences by FLOPs ({'documents dealt first' if documents else 'sequences dealt'})"
