@@ -378,6 +378,19 @@ def behind_best_baseline(cells: list[dict], works: dict[int, dict[str, float]]) 
     return rows
 
 
+def work_rate_ratios(cells: list[dict], works: dict[int, dict[str, float]]) -> list[tuple[float, int]]:
+    """Per cell where SlimPack and some baseline fit: SlimPack's trained work per second over the
+    best baseline's on that basis (``trained_work_ratio``: a cutting baseline is credited with the
+    pieces' whole-document work, not the documents'), with the cell's index."""
+    ratios = []
+    for cell in cells:
+        rates = [best[1] * trained_work_ratio(name, works[cell["index"]])
+                 for name in BASELINES if (best := _best_fitting(cell, (name,))) is not None]
+        if rates and _slimpack_ok(cell):
+            ratios.append((cell["strategies"]["slimpack"]["tokens_per_s"] / max(rates), cell["index"]))
+    return ratios
+
+
 def _work_ratio(cell: dict, name: str) -> float | None:
     """``name``'s compute device-seconds over SlimPack's (None when not recorded)."""
     slim, other = cell["strategies"]["slimpack"], cell["strategies"][name]
@@ -442,6 +455,15 @@ def report(cells: list[dict], command: str) -> str:
             f"work in {len(same)}{f' {same}' if same else ''}. Per second of step, SlimPack trains "
             f"{_range(min(rates), max(rates), percent=False)}x the whole-document work that baseline trains "
             f"(`trained_work_s`; the tokens/s ratio over the trained-work ratio).", ""]
+    rates = work_rate_ratios(cells, works)
+    if rates:
+        below = sorted(i for r, i in rates if r < 1 - 1e-9)
+        lines += [
+            f"On the work each strategy trains (whole-document seconds per second of step, `trained_work_s`: a "
+            f"cutting baseline credited with the work of its pieces, not of the documents it cut), over the "
+            f"{len(rates)} cells where SlimPack and some baseline fit: SlimPack is at least the best baseline in "
+            f"**{len(rates) - len(below)} of {len(rates)}**; behind in {len(below)} {below or ''}; below 0.97x: "
+            f"{sum(r < 0.97 for r, _ in rates)}; worst ratio {_fmt(min(r for r, _ in rates))}.", ""]
     s = summarize(cells)
     fits = summarize([c for c in cells if _best_fitting(c, BASELINES)])
     lines += [

@@ -114,10 +114,10 @@ EQUAL_TOKENS = "equal tokens"
 SEQUENCE_SPREADS = ("documents", "sequences", EQUAL_TOKENS)
 """How ``sliced_sequence_plans`` spreads the batch over the replicas (and, where Megatron's
 fixed-length cut leaves every document whole, ``FIXED_LENGTH`` too). None wins everywhere. Of the
-first two, of 199 comparisons in the stress cells without interleaving (the slice-level candidate alone, where it
-fits, on the documents and on the fixed-length pieces), dealing the documents was faster in 68
-(3.4-3.9% at stress cell 8 and up to 1.96x at cell 182, where two long sequences went to one
-replica) and dealing the sequences in 14 (up to 1.1%: the documents can leave one replica with an
+first two, of 199 comparisons in the stress cells without interleaving (the slice-level candidate
+alone, where it fits, on the documents and on the fixed-length pieces), dealing the documents was
+faster in 68 (3.4-3.9% at stress cell 8 and up to 1.96x at cell 182, where two long sequences went
+to one replica) and dealing the sequences in 14 (up to 1.1%: the documents can leave one replica with an
 extra, part-filled sequence); the rest were within 0.1%. ``EQUAL_TOKENS`` (thirty-fifth session)
 packs as Megatron's cut does, but whole documents: as many sequences, of about equal tokens, the
 same count on every replica. In stress probe seed 409, cell 12 (llama3-8b, 256K, pp 8, 2 replicas),
@@ -200,12 +200,6 @@ def sliced_sequence_plans(batch: Sequence[Sample], step: int, config, *,
             for spread, n in keys]
 
 
-def _cut_count(samples: Sequence[Sample], config) -> int:
-    """Sequences per replica that Megatron's fixed-length cut of ``samples`` needs, dealt evenly."""
-    context, dp = config.train.max_context, config.parallel.dp
-    return max(1, math.ceil(sum(s.length for s in samples) / (context * dp)))
-
-
 class _Documents(NamedTuple):
     """A batch as every spread reads it, made once: its samples, each as one whole slice, their
     tokens and their training FLOPs."""
@@ -250,7 +244,7 @@ def _replica_sequences(documents: _Documents, spread: str, config) -> list[list[
         return documents.heaviest_first([[[mine[r][i] for i in b] for b in best_fit_decreasing(
             lengths[mine[r]].tolist(), context)] for r in range(dp)])
     if spread == EQUAL_TOKENS:
-        count = dp * _cut_count(documents.samples, config)
+        count = dp * max(1, math.ceil(int(lengths.sum()) / (context * dp)))  # the cut's, dealt evenly
         every = [b for b in members(lpt_assign(lengths.tolist(), count), count) if b]  # fewer documents than sequences
         owner = lpt_assign([float(flops[b].sum()) for b in every], dp, most_items=math.ceil(len(every) / dp))
     else:
