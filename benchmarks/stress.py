@@ -319,20 +319,19 @@ def _pieces_over_cutting(cell: dict) -> float | None:
     return cell["slimpack_on_pieces"]["tokens_per_s"] / cutting[1] if _slimpack_ok(cell, "slimpack_on_pieces") else 0.0
 
 
-def like_for_like(cells: list[dict]) -> tuple[int, list[tuple[float, int]]]:
-    """Over the cells with the pieces' record where SlimPack fits and some baseline fits: how many,
-    and per cell SlimPack's worst ratio to the best baseline on the same work (the best whole-document
-    baseline on the documents, the best cutting one on the pieces; a ratio of 0 where SlimPack fails
-    on the pieces and a cutting baseline fits)."""
-    compared, worst = 0, []
+def like_for_like(cells: list[dict]) -> list[tuple[float, int]]:
+    """Per cell with the pieces' record where SlimPack fits and some baseline fits: SlimPack's worst
+    ratio to the best baseline on the same work (the best whole-document baseline on the documents,
+    the best cutting one on the pieces; a ratio of 0 where SlimPack fails on the pieces and a cutting
+    baseline fits), and the cell's index."""
+    worst = []
     for cell in cells:
         if "slimpack_on_pieces" not in cell or not _slimpack_ok(cell) or not _best_fitting(cell, BASELINES):
             continue
-        compared += 1
         whole, on_pieces = _best_fitting(cell, WHOLE_DOCUMENT), _pieces_over_cutting(cell)
         ratios = [cell["strategies"]["slimpack"]["tokens_per_s"] / whole[1]] if whole else []
         worst.append((min(ratios + ([on_pieces] if on_pieces is not None else [])), cell["index"]))
-    return compared, worst
+    return worst
 
 
 def trained_work_s(cell: dict) -> dict[str, float]:
@@ -430,14 +429,11 @@ def report(cells: list[dict], command: str) -> str:
             f"({s['at_least_best_baseline'] / max(1, s['compared']):.1%}); below 0.97x: {len(s['below_0.97'])} "
             f"{s['below_0.97'] or ''}",
             f"- SlimPack / best tokens/s: min {_fmt(s['ratio_min'])}, median {_fmt(s['ratio_median'])}", ""]
-    compared, worst = like_for_like(cells)
-    if compared:
-        behind = sorted(i for r, i in worst if r < 1 - 1e-9)
-        lines += [
-            f"On the same work (each baseline against SlimPack on what that baseline trains: the whole-document "
-            f"ones on the documents, the cutting ones on the pieces), over the {compared} cells where SlimPack and "
-            f"some baseline fit: SlimPack is at least every baseline in **{compared - len(behind)} of {compared}**; "
-            f"behind in {len(behind)} {behind or ''}; worst ratio {_fmt(min(r for r, _ in worst))}.", ""]
+    worst = like_for_like(cells)
+    if worst:
+        lines += [_at_least("On the same work (each baseline against SlimPack on what that baseline trains: the "
+                            "whole-document ones on the documents, the cutting ones on the pieces)", worst,
+                            "every baseline"), ""]
     works = {cell["index"]: trained_work_s(cell) for cell in cells}
     lost = behind_best_baseline(cells, works)
     less = [row for row in lost if row.trained_work_ratio < 1 - 1e-12]
@@ -457,13 +453,9 @@ def report(cells: list[dict], command: str) -> str:
             f"(`trained_work_s`; the tokens/s ratio over the trained-work ratio).", ""]
     rates = work_rate_ratios(cells, works)
     if rates:
-        below = sorted(i for r, i in rates if r < 1 - 1e-9)
-        lines += [
-            f"On the work each strategy trains (whole-document seconds per second of step, `trained_work_s`: a "
-            f"cutting baseline credited with the work of its pieces, not of the documents it cut), over the "
-            f"{len(rates)} cells where SlimPack and some baseline fit: SlimPack is at least the best baseline in "
-            f"**{len(rates) - len(below)} of {len(rates)}**; behind in {len(below)} {below or ''}; below 0.97x: "
-            f"{sum(r < 0.97 for r, _ in rates)}; worst ratio {_fmt(min(r for r, _ in rates))}.", ""]
+        lines += [_at_least("On the work each strategy trains (whole-document seconds per second of step, "
+                            "`trained_work_s`: a cutting baseline credited with the work of its pieces, not of the "
+                            "documents it cut)", rates, "the best baseline"), ""]
     s = summarize(cells)
     fits = summarize([c for c in cells if _best_fitting(c, BASELINES)])
     lines += [
@@ -502,6 +494,15 @@ def report(cells: list[dict], command: str) -> str:
 def _gpu(cell: dict) -> str:
     """`` on <gpu>`` for a cell of the ``--wide`` space off the H100 preset."""
     return f" on {cell['gpu']}" if cell.get("gpu", "h100-sxm") != "h100-sxm" else ""
+
+
+def _at_least(basis: str, ratios: list[tuple[float, int]], whom: str) -> str:
+    """The report's sentence on ``ratios`` (SlimPack over ``whom`` on ``basis``, and the cell, per
+    cell where SlimPack and some baseline fit)."""
+    behind = sorted(i for r, i in ratios if r < 1 - 1e-9)
+    return (f"{basis}, over the {len(ratios)} cells where SlimPack and some baseline fit: SlimPack is at least "
+            f"{whom} in **{len(ratios) - len(behind)} of {len(ratios)}**; behind in {len(behind)} {behind or ''}; "
+            f"below 0.97x: {sum(r < 0.97 for r, _ in ratios)}; worst ratio {_fmt(min(r for r, _ in ratios))}.")
 
 
 def _fmt(value: float | None) -> str:
