@@ -11,8 +11,10 @@ import pytest
 
 from slimpack import api
 from slimpack.config import MODEL_PRESETS, ParallelConfig, TrainConfig, build_config
+from slimpack.cost.stages import balanced_stage_layers
 from slimpack.errors import UserError
 from slimpack.plan import plan_to_dict
+from slimpack.strategies.stream import stream_batches
 
 HF_CONFIGS = Path(__file__).parent / "config" / "hf_configs"
 
@@ -34,6 +36,32 @@ def test_configure_overrides_what_is_given_and_keeps_the_rest(tmp_path):
     assert hf.model.to_dict() | {"name": "llama3-8b"} == MODEL_PRESETS["llama3-8b"].to_dict()
     api.save_config(config, tmp_path / "c.toml")
     assert api.configure(str(tmp_path / "c.toml"), dp=1).parallel.dp == 1
+
+
+def test_configure_takes_a_stage_split_even_or_balanced(tmp_path):
+    base = api.configure(model="llama3-8b", tp=8, pp=4, dp=2, max_context=65536)
+    assert api.configure(base, stage_layers=(9, 8, 8, 7)).parallel.stage_layers == (9, 8, 8, 7)
+    # on one 64K-token sample attention outweighs the 128K-vocabulary head: even; on a batch of
+    # wikipedia's mostly short documents the head weighs in and the last stage gets a layer less
+    balanced = api.configure(base, stage_layers="balanced")
+    assert balanced.parallel.stage_layers == balanced_stage_layers(api.configure(base, pp=1), pp=4) == (8, 8, 8, 8)
+    weighed = api.balance_stages(balanced, "wikipedia")
+    lengths = [s.length for s in stream_batches(api.dataset("wikipedia"), balanced, 1)[0]]
+    assert weighed.parallel.stage_layers == balanced_stage_layers(balanced, lengths) == (8, 8, 9, 7)
+    assert api.configure(weighed, stage_layers="even").parallel.stage_layers == ()
+    assert api.configure(weighed).parallel.stage_layers == (8, 8, 9, 7)  # kept unless given
+    # a layout whose layers do not divide: no even split, a balanced one; pp and vpp from a config file too
+    api.save_config(api.configure(base, pp=1), tmp_path / "c.json")
+    three = api.configure(str(tmp_path / "c.json"), pp=3, stage_layers="balanced")
+    assert three.parallel.pp == 3 and sum(three.parallel.stage_layers) == 32
+    interleaved = api.configure(base, pp=2, vpp=2, stage_layers="balanced").parallel
+    assert len(interleaved.stage_layers) == 4 and sum(interleaved.stage_layers) == 32
+    with pytest.raises(UserError, match="not divisible by pp\\*virtual_stages = 3\\*1 = 3"):
+        api.configure(base, pp=3, stage_layers="even")
+    with pytest.raises(UserError, match="stage_layers has 4 entries, expected pp\\*virtual_stages = 2"):
+        api.configure(weighed, pp=2)
+    with pytest.raises(UserError, match="expected layers per pipeline chunk, 'even' or 'balanced', got 'uneven'"):
+        api.configure(base, stage_layers="uneven")
 
 
 @pytest.mark.parametrize(("call", "message"), [

@@ -17,7 +17,9 @@ Must not import torch (framework adapters that need it live in ``slimpack.integr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from slimpack.compare.run import (
     DEFAULT_WARMUP_STEPS,
@@ -28,8 +30,10 @@ from slimpack.compare.run import (
 )
 from slimpack.compare.run import compare as _compare
 from slimpack.config import Config, load_config, resolve_model, save_config
-from slimpack.config.overrides import configure
+from slimpack.config.overrides import configure as _configure
+from slimpack.config.overrides import starting_config
 from slimpack.cost import CostModel
+from slimpack.cost.stages import balanced_stage_layers
 from slimpack.data import ContextCut, Dataset, context_cut, load_dataset
 from slimpack.errors import UserError
 from slimpack.plan import Plan, load_plan, save_plan
@@ -37,7 +41,7 @@ from slimpack.plan.check import check_plan
 from slimpack.plan.types import Sample
 from slimpack.sim import SimResult, simulate
 from slimpack.strategies import STRATEGIES, make_planner
-from slimpack.strategies.stream import PlannedStep, PlanStream
+from slimpack.strategies.stream import PlannedStep, PlanStream, stream_batches
 from slimpack.tune import TuneResult
 from slimpack.tune import tune as _tune
 from slimpack.tune.search import CONFIRM
@@ -45,6 +49,36 @@ from slimpack.tune.search import CONFIRM
 DatasetLike = Dataset | str
 """A :class:`~slimpack.data.Dataset`, a bundled name (``"wikipedia"``), ``"synthetic:..."`` or the
 path of a length file (.csv .txt .jsonl .npy .npz .parquet)."""
+
+
+def configure(base: Config | str | None = None, *, stage_layers: Sequence[int] | str | None = None,
+              **changes: Any) -> Config:
+    """``base`` with the values given replaced (``slimpack.config.overrides.configure``: the model,
+    GPU, layout, training step, kernels and planner fields), where ``stage_layers``, the layers of
+    each pipeline chunk, may also be ``"even"`` or ``"balanced"``: the split
+    ``balanced_stage_layers`` proposes for context-length samples on the layout's pp and virtual
+    stages, which exists also where the layers do not divide evenly (``balance_stages`` weighs it
+    by a dataset's batch instead)."""
+    if not isinstance(stage_layers, str):
+        return _configure(base, stage_layers=stage_layers, **changes)
+    if stage_layers not in ("even", "balanced"):
+        raise UserError(f"stage layers: expected layers per pipeline chunk, 'even' or 'balanced', got {stage_layers!r}")
+    if stage_layers == "even":
+        return _configure(base, stage_layers=(), **changes)
+    start = starting_config(base)
+    pp, vpp = changes.get("pp") or start.parallel.pp, changes.get("vpp") or start.parallel.virtual_stages
+    flat = _configure(start, **{**changes, "pp": 1, "vpp": 1}, stage_layers=())  # any layer count fits one stage
+    return _configure(start, stage_layers=balanced_stage_layers(flat, pp=pp, virtual_stages=vpp), **changes)
+
+
+def balance_stages(config: Config, data: DatasetLike) -> Config:
+    """``config`` with the stage split that evens out the stages' work on the first batch of
+    ``data``'s step stream, the weighting ``slimpack tune`` uses (one context-length sample, as
+    ``configure(stage_layers="balanced")`` weighs it, makes attention weigh more than it does in a
+    batch of mostly short documents, and the LM head less)."""
+    lengths = [sample.length for sample in stream_batches(dataset(data), config, 1)[0]]
+    split = balanced_stage_layers(config, lengths)
+    return dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, stage_layers=split))
 
 
 def dataset(name_or_path: DatasetLike, *, column: str | None = None) -> Dataset:
@@ -108,5 +142,5 @@ def tune(data: DatasetLike, config: Config, gpus: int, strategies: Sequence[str]
 
 
 __all__ = ["STRATEGIES", "Comparison", "Config", "ContextCut", "Dataset", "Plan", "PlannedStep", "SimResult",
-           "TuneResult", "check_plan", "compare", "configure", "cut_at_context", "dataset", "load_config",
+           "TuneResult", "balance_stages", "check_plan", "compare", "configure", "cut_at_context", "dataset", "load_config",
            "load_plan", "plan_batch", "plan_step", "resolve_model", "save_config", "save_plan", "simulate", "tune"]

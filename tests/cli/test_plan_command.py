@@ -53,6 +53,27 @@ def test_a_micro_batch_token_cap_reaches_the_baselines(cli, tmp_path):
     assert max(groups) > 32 * 1024 and max(groups) <= 128 * 1024  # fuller than one context, within the cap
 
 
+def test_a_stage_split_reaches_the_plan(cli, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    llama3 = ["--model", "llama3-8b", "--dataset", "pydocs", "--max-context", "32K", "--global-batch-tokens",
+              "512K", "--tp", "8", "--pp", "4", "--dp", "1", "-o", str(out)]
+    assert cli(["plan", *llama3, "--stage-layers", "9,8,8,7"]) == 0
+    plan = load_plan(out)
+    check_plan(plan)
+    assert plan.config.parallel.stage_layers == (9, 8, 8, 7)
+    assert cli(["plan", *llama3, "--stage-layers", "balanced"]) == 0  # weighed by pydocs' first batch
+    assert load_plan(out).config.parallel.stage_layers == (8, 8, 9, 7)
+    assert cli(["plan", *llama3, "--pp", "3", "--stage-layers", "balanced"]) == 0  # 32 layers over 3 stages
+    assert load_plan(out).config.parallel.pp == 3 and sum(load_plan(out).config.parallel.stage_layers) == 32
+    capsys.readouterr()
+    for split, message in (("9,8,x", "expected 'even', 'balanced' or layers per pipeline chunk"),
+                           ("9,8,8,0", "each >= 1"),
+                           ("9,8,8", "stage_layers has 3 entries, expected pp*virtual_stages = 4"),
+                           ("9,9,9,9", "sum to 36 layers, llama3-8b has 32")):
+        assert cli(["plan", *llama3, "--stage-layers", split]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_wlb_replays_earlier_steps_for_its_queues(cli, tmp_path):
     # 64K context, 1M-token batches of wlbllm: WLB defers outliers at step 0 and brings them back
     args = ["--dataset", "wlbllm", "--max-context", "64K", "--global-batch-tokens", "1M", "--tp", "8",

@@ -42,7 +42,7 @@ def test_bad_stage_layers_are_user_errors(stage_layers, message):
 
 
 def test_an_uneven_layer_count_needs_stage_layers():
-    with pytest.raises(UserError, match=r"for an uneven split give parallel.stage_layers \(layers per chunk"):
+    with pytest.raises(UserError, match=r"give an uneven split \(--stage-layers balanced, or layers per chunk"):
         build_config(model="llama3-8b", parallel=ParallelConfig(pp=3))
     assert build_config(model="llama3-8b", parallel=ParallelConfig(pp=3, stage_layers=(11, 11, 10))).parallel.pp == 3
 
@@ -96,7 +96,7 @@ def test_min_max_split_hand_cases(extras, expected):
        minimum=st.integers(1, 2))
 def test_min_max_split_is_optimal(num_layers, extras, minimum):
     if num_layers < minimum * len(extras):
-        with pytest.raises(ValueError):
+        with pytest.raises(UserError):
             _min_max_split(num_layers, extras, 1.0, minimum=minimum)
         return
     layers = _min_max_split(num_layers, extras, 1.0, minimum=minimum)
@@ -117,6 +117,19 @@ def test_llama3_8b_on_short_documents_moves_a_layer_off_the_last_stage():
     even, uneven = work.stage_times((8, 8, 8, 8), pp=4), work.stage_times(split, pp=4)
     assert max(uneven) < max(even)
     assert sum(uneven) == pytest.approx(sum(even))
+
+
+def test_the_pipeline_can_be_given_apart_from_the_config():
+    # pp 3 does not divide llama3-8b's 32 layers, so no config of it exists without a split: the
+    # split is found from a config without a pipeline (the same tp, cp and batch)
+    four = llama3(stage_layers=())
+    assert four.parallel.pp == 4
+    flat = dataclasses.replace(four, parallel=dataclasses.replace(four.parallel, pp=1))
+    three = balanced_stage_layers(flat, [2048] * 64, pp=3)
+    assert sum(three) == 32 and len(three) == 3 and three[-1] < three[0]
+    assert balanced_stage_layers(four, [2048] * 64) == balanced_stage_layers(flat, [2048] * 64, pp=4) == (8, 8, 9, 7)
+    with pytest.raises(UserError, match="32 layers cannot give 64 pipeline stages 1 layer"):
+        balanced_stage_layers(four, pp=64)
 
 
 def test_interleaved_split_spreads_each_stage_over_its_chunks():

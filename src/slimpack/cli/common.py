@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from slimpack.api import balance_stages, configure
 from slimpack.config import CLUSTER_PRESETS, MODEL_PRESETS, Config, PlannerConfig
 from slimpack.config.efficiency import EFFICIENCY_PRESETS
 from slimpack.config.hf import is_hf_config
-from slimpack.config.overrides import configure
 from slimpack.data import SUFFIXES, Dataset, bundled_datasets, context_cut, load_dataset
 from slimpack.errors import UserError
 from slimpack.plan import Plan
@@ -57,6 +57,20 @@ def non_negative_float(text: str) -> float:
     return _number(text, zero=True)
 
 
+def stage_split(text: str) -> tuple[int, ...] | str:
+    """argparse type of --stage-layers: 'even', 'balanced' or layers per pipeline chunk (9,8,8,7)."""
+    if text in ("even", "balanced"):
+        return text
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        layers = ()
+    if not layers or min(layers) < 1:
+        raise argparse.ArgumentTypeError(f"expected 'even', 'balanced' or layers per pipeline chunk, each >= 1, "
+                                         f"such as 9,8,8,7; got {text!r}")
+    return layers
+
+
 def _number(text: str, *, zero: bool) -> float:
     wanted = "a number >= 0" if zero else "a positive number"
     try:
@@ -92,6 +106,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, tr
     group.add_argument("--kernels", choices=sorted(EFFICIENCY_PRESETS),
                        help="attention-kernel family whose efficiency figures the cost model uses (default fa3)")
     if training:
+        add_stage_layers_argument(group)
         group.add_argument("--max-context", type=positive_int, metavar="N",
                            help=f"longest sample in tokens, e.g. 64K (default {train.max_context})")
         group.add_argument("--global-batch-tokens", type=positive_int, metavar="N",
@@ -103,6 +118,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, default: Config, tr
                            help=f"activation recomputation (default {train.recompute})")
         group.add_argument("--seed", type=int, help=f"seed for batch sampling (default {train.seed})")
         add_cut_documents_argument(group)
+
+
+def add_stage_layers_argument(parser: Any) -> None:
+    """--stage-layers on a parser or an argument group (``ParallelConfig.stage_layers``; None unless given)."""
+    parser.add_argument("--stage-layers", type=stage_split, metavar="SPLIT",
+                        help="transformer layers of each pipeline chunk in layer order (with --vpp, chunk c of stage s "
+                             "is entry c*pp+s), e.g. 9,8,8,7; 'balanced': the split that evens out the stages' work "
+                             "with the embedding on the first and the LM head on the last, weighed by the first batch "
+                             "where the command plans a dataset (else by context-length samples); 'even' (default, "
+                             "unless --config gives one)")
 
 
 def add_cut_documents_argument(parser: Any) -> None:
@@ -166,8 +191,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
     planner = {field: getattr(args, field, None) for _, field, _ in PLANNER_SWITCHES}
     planner["milp_time_limit_s"] = getattr(args, "milp_time_limit_s", None)
     return configure(args.config or args.config_default, model=args.model, gpu=args.gpu, tp=args.tp, pp=args.pp,
-                     dp=args.dp, cp=args.cp, vpp=args.vpp, kernels=getattr(args, "kernels", None),
+                     dp=args.dp, cp=args.cp, vpp=args.vpp, stage_layers=getattr(args, "stage_layers", None),
+                     kernels=getattr(args, "kernels", None),
                      planner={k: v for k, v in planner.items() if v is not None}, **training)
+
+
+def config_for_dataset(args: argparse.Namespace, dataset: Dataset) -> Config:
+    """``config_from_args`` for a command that plans ``dataset``: ``--stage-layers balanced`` weighs
+    the stages' work by the first batch of its step stream (``api.balance_stages``), as tune does."""
+    config = config_from_args(args)
+    return balance_stages(config, dataset) if getattr(args, "stage_layers", None) == "balanced" else config
 
 
 def check_output(path: str, flag: str, *, directory: bool = False) -> None:
@@ -218,8 +251,8 @@ def plan_summary(plan: Plan) -> str:
 
 
 __all__ = ["add_config_arguments", "add_cut_documents_argument", "add_dataset_arguments", "check_json_and_report",
-           "check_output", "config_from_args", "context_note", "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
-           "positive_float", "positive_int", "print_json", "runtime_config_from_args"]
+           "check_output", "config_for_dataset", "config_from_args", "context_note", "dataset_from_args", "hf_config_arg", "non_negative_int", "plan_summary",
+           "positive_float", "positive_int", "print_json", "runtime_config_from_args", "stage_split"]
 
 
 def hf_config_arg(args: argparse.Namespace) -> str | None:

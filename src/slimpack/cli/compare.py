@@ -18,7 +18,7 @@ from slimpack.cli.common import (
     add_dataset_arguments,
     add_planner_arguments,
     check_json_and_report,
-    config_from_args,
+    config_for_dataset,
     context_note,
     dataset_from_args,
     non_negative_int,
@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     check_strategies(strategies)
     check_json_and_report(args)
-    config = config_from_args(args)
-    CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
     dataset = dataset_from_args(args)
+    config = config_for_dataset(args, dataset)
+    CostModel(config).check_states_fit()  # before the progress bar, so the error is one clean line
     window = Window(warmup_steps=args.warmup, steps=args.steps)
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:

@@ -12,7 +12,7 @@ from slimpack.cli.common import (
     add_dataset_arguments,
     add_planner_arguments,
     check_output,
-    config_from_args,
+    config_for_dataset,
     context_note,
     dataset_from_args,
     non_negative_int,
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
     dataset = dataset_from_args(args)
+    config = config_for_dataset(args, dataset)
     check_output(args.output, "--output")
     planned = plan_step(dataset, config, args.strategy, step=args.step, shuffle=args.shuffle)
     save_plan(planned.plan, args.output)

@@ -39,7 +39,7 @@ class ParallelConfig(ConfigBase):
                 f"parallel layout: stage_layers must be integers >= 1, got {list(self.stage_layers)}")
         require(not self.stage_layers or len(self.stage_layers) == self.pp * self.virtual_stages,
                 f"parallel layout: stage_layers has {len(self.stage_layers)} entries, expected "
-                f"pp*virtual_stages = {self.pp * self.virtual_stages}")
+                f"pp*virtual_stages = {self.pp * self.virtual_stages} (--stage-layers even or balanced re-splits)")
 
     @property
     def num_devices(self) -> int:
@@ -67,8 +67,8 @@ class ParallelConfig(ConfigBase):
         else:
             require(model.num_layers % chunks == 0,
                     f"{model.name} has {model.num_layers} layers, not divisible by pp*virtual_stages = "
-                    f"{self.pp}*{self.virtual_stages} = {chunks}: for an uneven split give parallel.stage_layers "
-                    f"(layers per chunk, e.g. in a --config file; `slimpack tune` proposes one)")
+                    f"{self.pp}*{self.virtual_stages} = {chunks}: give an uneven split (--stage-layers balanced, or "
+                    f"layers per chunk; parallel.stage_layers in a --config file; `slimpack tune` proposes one)")
         require(model.num_heads % self.tp == 0,
                 f"{model.name} has {model.num_heads} attention heads, not divisible by tp={self.tp}")
         require(model.num_kv_heads % self.tp == 0,

@@ -17,6 +17,7 @@ import numpy as np
 
 from slimpack.config import Config
 from slimpack.cost.model import CostModel
+from slimpack.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,21 +54,26 @@ def stage_work(config: Config, lengths: Sequence[int] | None = None) -> StageWor
     return StageWork(layer_s=layer, embedding_s=embedding, head_s=head)
 
 
-def balanced_stage_layers(config: Config, lengths: Sequence[int] | None = None) -> tuple[int, ...]:
+def balanced_stage_layers(config: Config, lengths: Sequence[int] | None = None, *, pp: int | None = None,
+                          virtual_stages: int | None = None) -> tuple[int, ...]:
     """Layers per model chunk (``ParallelConfig.stage_layers`` order) that minimise the slowest
-    stage's time for ``lengths`` (see ``stage_work``); each chunk keeps at least one layer.
+    stage's time for ``lengths`` (see ``stage_work``) on ``pp`` stages of ``virtual_stages`` chunks
+    (default: the config's own; given, the config's pipeline is not read, so a layout whose layers do
+    not divide evenly can be split from a config without a pipeline); each chunk keeps at least one
+    layer.
 
     Among the splits with that smallest maximum, layers are taken off the most loaded stage first
     and, at equal load, off the earliest stage: early stages hold the most forwards in flight under
     1F1B, so they are the ones whose activation memory runs out first.
     """
-    par = config.parallel
+    pp = pp or config.parallel.pp
+    virtual_stages = virtual_stages or config.parallel.virtual_stages
     work = stage_work(config, lengths)
-    extras = [0.0] * par.pp
+    extras = [0.0] * pp
     extras[0] += work.embedding_s
     extras[-1] += work.head_s
-    per_stage = _min_max_split(config.model.num_layers, extras, work.layer_s, minimum=par.virtual_stages)
-    return _chunks_of_stages(per_stage, par.virtual_stages)
+    per_stage = _min_max_split(config.model.num_layers, extras, work.layer_s, minimum=virtual_stages)
+    return _chunks_of_stages(per_stage, virtual_stages)
 
 
 def _min_max_split(num_layers: int, extras: Sequence[float], layer_s: float, *, minimum: int) -> list[int]:
@@ -75,7 +81,7 @@ def _min_max_split(num_layers: int, extras: Sequence[float], layer_s: float, *, 
     largest ``layers·layer_s + extra``: the smallest target whose per-stage caps hold every layer."""
     num = len(extras)
     if num_layers < minimum * num:
-        raise ValueError(f"{num_layers} layers cannot give {num} stages {minimum} layer(s) each")
+        raise UserError(f"{num_layers} layers cannot give {num} pipeline stages {minimum} layer(s) each")
     targets = sorted({k * layer_s + e for e in extras for k in range(minimum, num_layers + 1)})
     for target in targets:
         # the 1e-9 relative slack keeps a cap from losing a layer to floating-point roundoff

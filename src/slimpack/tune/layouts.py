@@ -78,10 +78,10 @@ def _splits(base: Config, layout: Layout, lengths: Sequence[int], skipped: Count
     if base.model.num_layers < chunks:
         skipped["fewer layers than pipeline chunks"] += len(RECOMPUTE)
         return
-    probe = ParallelConfig(tp=layout.tp, pp=layout.pp, cp=layout.cp, dp=layout.dp, virtual_stages=layout.vpp,
-                           stage_layers=(1,) * (chunks - 1) + (base.model.num_layers - chunks + 1,))
+    flat = ParallelConfig(tp=layout.tp, cp=layout.cp, dp=layout.dp)  # any layer count divides over one stage
     try:
-        balanced = balanced_stage_layers(dataclasses.replace(base, parallel=probe), lengths)
+        balanced = balanced_stage_layers(dataclasses.replace(base, parallel=flat), lengths, pp=layout.pp,
+                                         virtual_stages=layout.vpp)
     except UserError as exc:
         skipped[str(exc)] += len(RECOMPUTE)
         return
