@@ -4,13 +4,16 @@ import statistics
 
 import pytest
 
+from slimpack import api
 from slimpack.compare import Window, compare
 from slimpack.compare.row import StrategyRow, cut_document_notes, percentile
 from slimpack.compare.run import run_strategy
 from slimpack.config import ParallelConfig, PlannerConfig, TrainConfig, build_config
+from slimpack.cost.stages import stage_work
 from slimpack.data import load_dataset
 from slimpack.strategies import STRATEGIES
 from slimpack.strategies.fixed import FixedPlanner
+from slimpack.strategies.stream import stream_batches
 
 SMALL = ["--dataset", "pydocs", "--max-context", "32K", "--global-batch-tokens", "256K", "--tp", "8",
          "--pp", "2", "--dp", "2"]
@@ -264,3 +267,20 @@ def test_with_cut_documents_every_strategy_trains_the_pieces_fixed_and_slimpipe_
     terminal = " ".join(capsys.readouterr().out.split())
     assert "documents cut where fixed-length sequences end (--cut-documents)" in terminal
     assert "cut documents at sequence boundaries (" not in terminal and "cuts documents" not in terminal
+
+
+def test_compare_says_when_the_balanced_stage_split_would_lighten_the_slowest_stage(cli, capsys):
+    llama3 = ["--model", "llama3-8b", "--dataset", "pydocs", "--max-context", "32K", "--global-batch-tokens", "512K",
+              "--tp", "8", "--pp", "4", "--dp", "1", "--warmup", "0", "--steps", "1", "--strategies", "kk"]
+    config = api.configure(model="llama3-8b", tp=8, pp=4, dp=1, max_context=32768, global_batch_tokens=2**19)
+    lengths = [s.length for s in stream_batches(load_dataset("pydocs"), config, 1)[0]]
+    work = stage_work(config, lengths)
+    excess = max(work.stage_times((8, 8, 8, 8), pp=4)) / max(work.stage_times((8, 8, 9, 7), pp=4)) - 1
+    assert excess > 0.01  # the 128K-vocabulary head on the last stage
+    assert cli(["compare", *llama3]) == 0
+    terminal = " ".join(capsys.readouterr().out.split())
+    assert (f"the slowest stage's work is {excess:.1%} more with the even layer split than with --stage-layers "
+            f"balanced (8/8/9/7, weighed by the first batch)") in terminal
+    for quiet in (llama3 + ["--stage-layers", "balanced"], SMALL + ["--warmup", "0", "--steps", "1", "--strategies", "kk"]):
+        assert cli(["compare", *quiet]) == 0  # balanced already; llama2-7b's 32K-vocabulary head splits evenly
+        assert "pipeline stages:" not in capsys.readouterr().out

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from slimpack.config import Config, ParallelConfig, TrainConfig, build_config
 from slimpack.cost import CostModel
-from slimpack.cost.stages import _min_max_split, balanced_stage_layers, stage_work
+from slimpack.cost.stages import _min_max_split, balanced_stage_layers, split_gain, stage_work
 from slimpack.errors import UserError
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.sim import simulate
@@ -130,6 +130,16 @@ def test_the_pipeline_can_be_given_apart_from_the_config():
     assert balanced_stage_layers(four, [2048] * 64) == balanced_stage_layers(flat, [2048] * 64, pp=4) == (8, 8, 9, 7)
     with pytest.raises(UserError, match="32 layers cannot give 64 pipeline stages 1 layer"):
         balanced_stage_layers(four, pp=64)
+
+
+def test_split_gain_is_the_slowest_stage_balanced_over_the_configs_own():
+    config = llama3(stage_layers=())
+    work = stage_work(config, [2048] * 64)
+    split, ratio = split_gain(config, [2048] * 64)
+    assert split == (8, 8, 9, 7)
+    assert ratio == pytest.approx(max(work.stage_times(split, pp=4)) / max(work.stage_times((8, 8, 8, 8), pp=4)))
+    assert ratio < 0.99
+    assert split_gain(llama3(stage_layers=split), [2048] * 64) == (split, 1.0)
 
 
 def test_interleaved_split_spreads_each_stage_over_its_chunks():

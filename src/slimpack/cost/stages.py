@@ -76,6 +76,16 @@ def balanced_stage_layers(config: Config, lengths: Sequence[int] | None = None, 
     return _chunks_of_stages(per_stage, virtual_stages)
 
 
+def split_gain(config: Config, lengths: Sequence[int] | None = None) -> tuple[tuple[int, ...], float]:
+    """The balanced split for ``lengths`` and its slowest stage's time over that of the config's own
+    split (1.0 where the config's split is already balanced)."""
+    par = config.parallel
+    work = stage_work(config, lengths)
+    balanced = balanced_stage_layers(config, lengths)
+    own = max(work.stage_times(par.chunk_layers(config.model.num_layers), pp=par.pp))
+    return balanced, max(work.stage_times(balanced, pp=par.pp)) / own
+
+
 def _min_max_split(num_layers: int, extras: Sequence[float], layer_s: float, *, minimum: int) -> list[int]:
     """Integer layers per stage, summing to ``num_layers``, each >= ``minimum``, minimising the
     largest ``layers·layer_s + extra``: the smallest target whose per-stage caps hold every layer."""
