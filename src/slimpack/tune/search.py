@@ -97,8 +97,9 @@ anyone else's: WLB-LLM opens a queue once it holds a document per micro-batch (w
 micro-batches within the screened step, with many only later), and the screen with its drain, which
 front runners were once taken by, charged one step of every long document held at its end: over
 the 30 best-vs-best tables of ``docs/tune`` its confirmed layouts ran the window at 0.93-1.44x
-their screened tokens/s (every other strategy's at most 1.15x), and layouts screened at 0.32M ran
-the window at 2.18M tokens/s (wikipedia 256K, 256 GPUs; docs/tune.md)."""
+their screened tokens/s then (every other strategy's at most 1.15x; 0.84-6.82x in the tables at
+64e5894, whose front runners are taken by this rule), and layouts screened at 0.32M ran the window
+at 2.18M tokens/s (wikipedia 256K, 256 GPUs; docs/tune.md)."""
 SCREEN_AT_LEAST = 0.5
 """The share of a time limit screening always gets. Past it, screening stops once the rest of the
 limit is what every strategy's first confirmation would take. Without it, one slow first layout cut
