@@ -58,6 +58,8 @@ def test_a_stage_split_reaches_the_plan(cli, tmp_path, capsys):
     llama3 = ["--model", "llama3-8b", "--dataset", "pydocs", "--max-context", "32K", "--global-batch-tokens",
               "512K", "--tp", "8", "--pp", "4", "--dp", "1", "-o", str(out)]
     assert cli(["plan", *llama3, "--stage-layers", "9,8,8,7"]) == 0
+    said = " ".join(capsys.readouterr().err.split())  # the console wraps its lines
+    assert "pipeline(s) on tp=8 pp=4 dp=1 cp=1 (32 GPUs), layers per chunk 9/8/8/7," in said
     plan = load_plan(out)
     check_plan(plan)
     assert plan.config.parallel.stage_layers == (9, 8, 8, 7)

@@ -244,8 +244,10 @@ def plan_summary(plan: Plan) -> str:
     forward = sum(len(p.forward) for p in plan.pipelines)
     backward = sum(len(p.backward) for p in plan.pipelines)
     late = f" ({len(deferred)} deferred)" if deferred else ""
+    vpp = f" vpp={par.virtual_stages}" if par.virtual_stages > 1 else ""
+    split = f", layers per chunk {'/'.join(map(str, par.stage_layers))}" if par.stage_layers else ""
     return (f"strategy {plan.strategy}, step {plan.step}: {len(plan.pipelines)} pipeline(s) on "
-            f"tp={par.tp} pp={par.pp} dp={par.dp} cp={par.cp} ({par.num_devices} GPUs), "
+            f"tp={par.tp} pp={par.pp}{vpp} dp={par.dp} cp={par.cp} ({par.num_devices} GPUs){split}, "
             f"{forward} forward / {backward} backward groups, {len(scheduled)} samples{late}, "
             f"{sum(s.length for s in scheduled)} tokens")
 
