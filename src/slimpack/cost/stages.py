@@ -37,6 +37,14 @@ class StageWork:
         times[-1] += self.head_s
         return times
 
+    def balanced_split(self, num_layers: int, *, pp: int, virtual_stages: int) -> tuple[int, ...]:
+        """Layers per chunk that minimise the slowest of ``pp`` stages (``balanced_stage_layers``)."""
+        extras = [0.0] * pp
+        extras[0] += self.embedding_s
+        extras[-1] += self.head_s
+        per_stage = _min_max_split(num_layers, extras, self.layer_s, minimum=virtual_stages)
+        return _chunks_of_stages(per_stage, virtual_stages)
+
 
 def stage_work(config: Config, lengths: Sequence[int] | None = None) -> StageWork:
     """The work of ``lengths`` (default: one sample of the context length), each a whole document,
@@ -66,22 +74,17 @@ def balanced_stage_layers(config: Config, lengths: Sequence[int] | None = None, 
     and, at equal load, off the earliest stage: early stages hold the most forwards in flight under
     1F1B, so they are the ones whose activation memory runs out first.
     """
-    pp = pp or config.parallel.pp
-    virtual_stages = virtual_stages or config.parallel.virtual_stages
-    work = stage_work(config, lengths)
-    extras = [0.0] * pp
-    extras[0] += work.embedding_s
-    extras[-1] += work.head_s
-    per_stage = _min_max_split(config.model.num_layers, extras, work.layer_s, minimum=virtual_stages)
-    return _chunks_of_stages(per_stage, virtual_stages)
+    return stage_work(config, lengths).balanced_split(
+        config.model.num_layers, pp=pp or config.parallel.pp,
+        virtual_stages=virtual_stages or config.parallel.virtual_stages)
 
 
 def split_gain(config: Config, lengths: Sequence[int] | None = None) -> tuple[tuple[int, ...], float]:
     """The balanced split for ``lengths`` and its slowest stage's time over that of the config's own
     split (1.0 where the config's split is already balanced)."""
     par = config.parallel
-    work = stage_work(config, lengths)
-    balanced = balanced_stage_layers(config, lengths)
+    work = stage_work(config, lengths)  # once: the split and both stage times read it
+    balanced = work.balanced_split(config.model.num_layers, pp=par.pp, virtual_stages=par.virtual_stages)
     own = max(work.stage_times(par.chunk_layers(config.model.num_layers), pp=par.pp))
     return balanced, max(work.stage_times(balanced, pp=par.pp)) / own
 
