@@ -27,7 +27,7 @@ class UniformCost:
 
     groups_sums = CostModel.groups_sums  # the real reduction, over this model's attention terms
 
-    def cells_time(self, totals, attention, *, virtual_stage, backward, cp):
+    def cells_time(self, totals, attention, *, virtual_stage, backward, cp, cross_node=None):
         """Every cell costs a group's time (the simulator sums a group's cells)."""
         return np.full(len(totals), self.group_time((), (), virtual_stage=virtual_stage, backward=backward))
 

@@ -227,6 +227,29 @@ def test_p2p_and_grad_sync():
     assert np.isfinite(cost.optimizer_time(0)) and cost.optimizer_time(0) > 0
 
 
+def test_a_group_that_straddles_a_node_boundary_pays_the_inter_node_link():
+    """tp 4, dp 4 on 8-GPU nodes (450 / 50 GB/s, 3 / 10 us): replica r holds ranks 4r..4r+3, so
+    replicas (0, 1) share node 0 and replicas (1, 2), ranks 4..11, straddle nodes 0 and 1."""
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=4, dp=4)))
+    assert not cost.cp_crosses_nodes((0, 1), stage=0) and cost.cp_crosses_nodes((1, 2), stage=0)
+    assert cost.cp_crosses_nodes((0, 1, 2, 3), stage=0)
+    tokens = 8192
+    times = {cross: cost.cells_time(np.array([float(tokens)]), np.array([0.0]), virtual_stage=0, backward=False,
+                                    cp=2, cross_node=cross)[0] for cross in (None, False, True)}
+    assert times[None] == times[False]  # 8 ranks, aligned: the layout's own rule says one node
+    kv = tokens * 4096 / 4 * 2  # K (or V) columns of this tp rank, all rows, bf16: gathered over 2 ranks
+    per_layer = 2 * ((kv / 2 / 50e9 + 10e-6) - (kv / 2 / 450e9 + 3e-6))  # K and V, one ring step each
+    assert times[True] - times[False] == pytest.approx(32 * per_layer, rel=1e-9)
+
+
+def test_a_stage_whose_gradient_group_straddles_a_node_boundary_syncs_at_the_inter_node_link():
+    """tp 2, dp 3, pp 2: stage 0 holds ranks 0..5 (node 0), stage 1 ranks 6..11 (nodes 0 and 1)."""
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, dp=3, pp=2)))
+    size = [cost.stage_params(stage) * 2 for stage in (0, 1)]  # bf16 gradients
+    assert cost.grad_sync_time(0) == pytest.approx(2 * (2 / 3 * size[0] / 450e9 + 2 * 3e-6))
+    assert cost.grad_sync_time(1) == pytest.approx(2 * (2 / 3 * size[1] / 50e9 + 2 * 10e-6))
+
+
 def test_layer_collectives_hand_computed():
     """llama2-7b (h 4096, MHA: kv_hidden 4096, bf16), tp 8, cp 2, a 4096-token group."""
     cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=8, cp=2)))

@@ -1,5 +1,6 @@
 """The common work basis (one ideal for every strategy on the same documents) and per-cell charging."""
 
+import numpy as np
 import pytest
 
 from slimpack.config import (
@@ -85,3 +86,31 @@ def test_a_two_cell_group_costs_two_cells():
     assert result.backward_group_times_s[0][1] == pytest.approx(backward_b1, rel=1e-12)
     span = next(s for s in result.spans if s.kind == "F" and s.group == 0 and s.stage == 1)
     assert span.end_s - span.start_s == pytest.approx(sum(one_cell), rel=1e-12)
+
+
+def test_a_merged_pipeline_that_straddles_a_node_boundary_runs_its_cp_ring_across_nodes():
+    # tp 4, dp 4, 8-GPU nodes: a DP-Merge pipeline on replicas (0, 1) is ranks 0..7, one node; on
+    # (1, 2) ranks 4..11, two nodes. The same groups then take longer by the slower cp ring.
+    config = build_config(model="llama2-7b", parallel=ParallelConfig(tp=4, dp=4),
+                          train=TrainConfig(max_context=16384, global_batch_tokens=32768))
+    cost = CostModel(config)
+    samples = tuple(Sample(id=i, length=8192) for i in range(4))
+    group = ((Slice(0, 0, 8192), Slice(1, 0, 8192)),)
+
+    def step(merged: tuple[int, ...]) -> float:
+        single = [r for r in range(4) if r not in merged]
+        pipes = (PipelinePlan(replicas=merged, cp=2, forward=group, backward=group),
+                 *(PipelinePlan(replicas=(r,), cp=1, forward=((Slice(s, 0, 8192),),), backward=((Slice(s, 0, 8192),),))
+                   for r, s in zip(single, (2, 3), strict=True)))
+        return simulate(Plan(config=config, strategy="hand", samples=samples, pipelines=pipes), cost).spans
+
+    def merged_busy(spans) -> float:
+        return sum(s.end_s - s.start_s for s in spans if s.pipeline == 0 and s.kind in "FB")
+
+    sums = cost.group_sums([8192, 8192], [0, 0], 2)
+    expected = sum(cost.cells_time(np.array([sums[0]]), np.array([sums[1]]), virtual_stage=0, backward=b, cp=2,
+                                   cross_node=True)[0]
+                   - cost.cells_time(np.array([sums[0]]), np.array([sums[1]]), virtual_stage=0, backward=b, cp=2,
+                                     cross_node=False)[0] for b in (False, True))
+    assert expected > 0
+    assert merged_busy(step((1, 2))) - merged_busy(step((0, 1))) == pytest.approx(expected, rel=1e-9)

@@ -9,6 +9,13 @@ from slimpack.config.cluster import MOST_GPUS, ClusterConfig
 from slimpack.config.model import ModelConfig
 
 
+def layout_rank(replica: int, stage: int, cp_rank: int, tp_rank: int, *, dp: int, cp: int, tp: int) -> int:
+    """The global rank of a device, laid out Megatron-style with tp innermost, then cp, dp and pp.
+    The runtime's mesh places processes by it, and the cost model reads from it which groups stay
+    inside one node."""
+    return ((stage * dp + replica) * cp + cp_rank) * tp + tp_rank
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig(ConfigBase):
     tp: int = 1
@@ -44,6 +51,10 @@ class ParallelConfig(ConfigBase):
     @property
     def num_devices(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    def rank(self, replica: int, stage: int, cp_rank: int = 0, tp_rank: int = 0) -> int:
+        """The global rank of a device of this layout (``layout_rank``)."""
+        return layout_rank(replica, stage, cp_rank, tp_rank, dp=self.dp, cp=self.cp, tp=self.tp)
 
     @property
     def devices_per_stage(self) -> int:

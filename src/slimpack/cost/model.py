@@ -14,7 +14,10 @@ See ``slimpack.config.efficiency`` for the efficiency curve and ``flops`` for FL
 Backward = 2x GEMM + 2.5x attention FLOPs at the backward attention efficiency + 2x elementwise +
 the backward's collectives + the forward work recomputation repeats.
 The collectives are those the runtime issues (``layer_collectives``), each a ring over its group, not
-overlapped with computation (the runtime waits for each before the work that reads it).
+overlapped with computation (the runtime waits for each before the work that reads it). A ring whose
+ranks lie on more than one node runs at the inter-node link: which ranks a group holds follows from
+the rank layout (``ParallelConfig.rank``), so a DP-Merge group of replicas that straddles a node
+boundary pays it even with fewer ranks than a node has (``cp_crosses_nodes``).
 
 A group is charged as the runtime runs it: the simulator calls ``group_time`` once per *cell* (see
 ``slimpack.plan.cells``), so an asymmetric plan's forward group of k cells pays k calls' overheads.
@@ -26,6 +29,7 @@ Must not import torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +85,8 @@ class CostModel:
         self._attn_backward_rate = cluster.peak_flops * eff.attention_backward_max
         self._tp_collectives = TP_COLLECTIVES[par.sequence_parallel]
         # filled on first use per (pass, cp): a cache, the same values whoever fills it
-        self._comm_coefficients: dict[tuple[bool, int], tuple[float, float]] = {}
+        self._comm_coefficients: dict[tuple[bool, int, bool | None], tuple[float, float]] = {}
+        self._grad_sync: dict[int, float] = {}
         # seconds per token per layer of the memory-bound kernels on one device (tp shards them)
         self._elementwise = 0.0 if eff.elementwise_bandwidth is None else (
             flops.elementwise_elements_per_token(model) * model.dtype_bytes / par.tp
@@ -145,19 +150,22 @@ class CostModel:
             found += [Collective("reduce_scatter" if backward else "all_gather", "cp", cp, size)] * 2
         return tuple(found)
 
-    def _comm_coefficients_of(self, backward: bool, cp: int) -> tuple[float, float]:
-        """(seconds per token, seconds per call) of ``layer_collectives`` (affine in tokens)."""
-        key = (backward, cp)
+    def _comm_coefficients_of(self, backward: bool, cp: int, cross_node: bool | None = None) -> tuple[float, float]:
+        """(seconds per token, seconds per call) of ``layer_collectives`` (affine in tokens).
+        ``cross_node``: whether the cp group spans nodes (``cp_crosses_nodes``); None: as a group of
+        tp·cp consecutive ranks aligned to the nodes, which the layout's own cp groups are."""
+        key = (backward, cp, cross_node)
         if key not in self._comm_coefficients:
-            links = {"tp": self.config.cluster.link(same_node=True),
-                     "cp": group_link(self.config.cluster, self.tp * cp)}
+            cp_link = (group_link(self.config.cluster, self.tp * cp) if cross_node is None
+                       else self.config.cluster.link(same_node=not cross_node))
+            links = {"tp": self.config.cluster.link(same_node=True), "cp": cp_link}
             at = [sum(c.time(*links[c.group]) for c in self.layer_collectives(n, backward=backward, cp=cp))
                   for n in (0.0, 1.0)]
             self._comm_coefficients[key] = (at[1] - at[0], at[0])
         return self._comm_coefficients[key]
 
-    def _comm_time(self, tokens: float, *, backward: bool, cp: int) -> float:
-        per_token, constant = self._comm_coefficients_of(backward, cp)
+    def _comm_time(self, tokens: float, *, backward: bool, cp: int, cross_node: bool | None = None) -> float:
+        per_token, constant = self._comm_coefficients_of(backward, cp, cross_node)
         return (per_token * tokens + constant) * (tokens > 0)
 
     def layer_time(self, tokens: ArrayLike, prefix: ArrayLike, *, backward: bool, cp: int | None = None) -> float:
@@ -185,18 +193,18 @@ class CostModel:
         terms = self.attention_terms(tokens, prefix.astype(np.float64), cp)
         return np.add.reduceat(tokens, firsts).astype(np.float64), np.add.reduceat(terms, firsts)
 
-    def _layer_seconds(self, total, attention, *, backward: bool, cp: int):
+    def _layer_seconds(self, total, attention, *, backward: bool, cp: int, cross_node: bool | None = None):
         """``layer_time`` from a group's token total and attention-term sum (elementwise on arrays)."""
         gemm, attn = self._layer_parts(total, attention, cp)
         overhead = self.config.efficiency.layer_overhead_s
         elementwise = self._elementwise * total / cp
-        forward = overhead + gemm + attn + elementwise + self._comm_time(total, backward=False, cp=cp)
+        forward = overhead + gemm + attn + elementwise + self._comm_time(total, backward=False, cp=cp, cross_node=cross_node)
         if not backward:
             return forward
         attn_backward = flops.ATTENTION_BACKWARD_FACTOR * attn * self._attn_rate / self._attn_backward_rate
         time = (BACKWARD_OVERHEAD_FACTOR * overhead + flops.GEMM_BACKWARD_FACTOR * gemm
                 + attn_backward + flops.ELEMENTWISE_BACKWARD_FACTOR * elementwise
-                + self._comm_time(total, backward=True, cp=cp))
+                + self._comm_time(total, backward=True, cp=cp, cross_node=cross_node))
         if self.recompute == "full":
             time += forward
         elif self.recompute == "selective":
@@ -210,11 +218,14 @@ class CostModel:
         total, attention = self.group_sums(tokens, prefix, cp)
         return float(self.cells_time(total, attention, virtual_stage=virtual_stage, backward=backward, cp=cp))
 
-    def cells_time(self, totals, attention, *, virtual_stage: int, backward: bool, cp: int):
+    def cells_time(self, totals, attention, *, virtual_stage: int, backward: bool, cp: int,
+                   cross_node: bool | None = None):
         """``group_time`` of groups given by their token totals and ``attention_terms`` sums; on
-        arrays, of every group at once, equal bit for bit to one ``group_time`` call per group."""
+        arrays, of every group at once, equal bit for bit to one ``group_time`` call per group.
+        ``cross_node``: whether their cp group spans nodes (``cp_crosses_nodes``; None: aligned)."""
         shape = self.chunk_shape(virtual_stage)
-        time = shape.num_layers * self._layer_seconds(totals, attention, backward=backward, cp=cp)
+        time = shape.num_layers * self._layer_seconds(totals, attention, backward=backward, cp=cp,
+                                                      cross_node=cross_node)
         if shape.has_head:
             time = time + self.head_time(totals, cp, backward) * (totals > 0)
         if shape.has_embedding:
@@ -387,6 +398,21 @@ class CostModel:
                 f"gradients and optimizer states alone (usable {usable / 2**30:.1f} GiB); raise tp, pp or dp")
 
     # ---- communication --------------------------------------------------------------------
+    def cp_crosses_nodes(self, replicas: Sequence[int], stage: int) -> bool:
+        """Whether the context-parallel group of a pipeline on ``replicas`` (the cp ranks of each,
+        with their tp ranks) spans more than one node on ``stage``: its ring then runs at the
+        inter-node link. A DP-Merge group that straddles a node boundary does, even one with no
+        more ranks than a node has. (Ranks grow with the replica: the first replica's first rank and
+        the last one's last rank bound the group.)"""
+        first, last = self.replica_nodes(np.array([min(replicas), max(replicas)]), stage)
+        return bool(first[0] != last[1])
+
+    def replica_nodes(self, replicas: np.ndarray, stage: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per replica, the node of its first rank and of its last rank (cp and tp ranks) on ``stage``."""
+        par, per_node = self.config.parallel, self.config.cluster.gpus_per_node
+        return (par.rank(replicas, stage, 0, 0) // per_node,
+                par.rank(replicas, stage, par.cp - 1, par.tp - 1) // per_node)
+
     def p2p_bytes(self, tokens: float, *, cp: int | None = None) -> float:
         """Bytes one device sends to the next stage for a group (activation; same for its gradient)."""
         return self._p2p_bytes_per_token * tokens / (cp or self.cp)
@@ -405,12 +431,15 @@ class CostModel:
         return self.p2p_bytes(tokens, cp=cp) / bw + lat
 
     def grad_sync_time(self, stage: int) -> float:
-        """Ring all-reduce (or reduce-scatter + all-gather) of a stage's bf16 gradients over dp·cp."""
-        par = self.config.parallel
-        ranks = par.dp * par.cp
-        bw, lat = group_link(self.config.cluster, ranks * par.tp)
-        size = self.stage_params(stage) * memory.GRAD_BYTES
-        return ring_allreduce_time(size, ranks, bw, lat)
+        """Ring all-reduce (or reduce-scatter + all-gather) of a stage's bf16 gradients over dp·cp:
+        the ranks of every replica's cp group on the stage, at the inter-node link if they span
+        nodes (the simulator asks once per pipeline simulated, so each stage's is kept)."""
+        if stage not in self._grad_sync:
+            par = self.config.parallel
+            bw, lat = self.config.cluster.link(same_node=not self.cp_crosses_nodes((0, par.dp - 1), stage))
+            size = self.stage_params(stage) * memory.GRAD_BYTES
+            self._grad_sync[stage] = ring_allreduce_time(size, par.dp * par.cp, bw, lat)
+        return self._grad_sync[stage]
 
     def optimizer_time(self, stage: int) -> float:
         """Adam step: memory-bound pass over this device's shard of fp32 states, grads and params."""

@@ -1,7 +1,7 @@
 """The process mesh: which rank runs which (replica, stage, cp rank, tp rank), and its process groups.
 
-Ranks are laid out as the cost model assumes (``cost.comm``): tensor-parallel ranks innermost, then
-context, then data, then pipeline:
+Ranks are laid out as the cost model assumes (``config.parallel.layout_rank``): tensor-parallel
+ranks innermost, then context, then data, then pipeline:
 
     rank = ((stage x dp + replica) x cp + cp_rank) x tp + tp_rank
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from slimpack.config import ParallelConfig
+from slimpack.config.parallel import layout_rank
 from slimpack.plan.types import PipelinePlan, Plan
 
 
@@ -70,7 +71,7 @@ class Mesh:
                 and 0 <= tp_rank < self.tp):
             raise ValueError(f"(replica {replica}, stage {stage}, cp rank {cp_rank}, tp rank {tp_rank}) is "
                              f"outside {self}")
-        return ((stage * self.dp + replica) * self.cp + cp_rank) * self.tp + tp_rank
+        return layout_rank(replica, stage, cp_rank, tp_rank, dp=self.dp, cp=self.cp, tp=self.tp)
 
     def position(self, rank: int) -> Position:
         if not 0 <= rank < self.world_size:

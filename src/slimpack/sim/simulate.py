@@ -92,10 +92,12 @@ class CellTable:
     def _group_sums(self, kind: str, per_cell: np.ndarray) -> np.ndarray:
         return np.bincount(self._group_of[kind], weights=per_cell, minlength=len(self.members[kind]))
 
-    def group_times(self, cost: CostModel, kind: str, vstage: int) -> list[float]:
-        """Per group of ``kind``, its time on ``vstage``: the sum of its cells' times."""
+    def group_times(self, cost: CostModel, kind: str, vstage: int, cross_node: bool | None = None) -> list[float]:
+        """Per group of ``kind``, its time on ``vstage``: the sum of its cells' times (``cross_node``:
+        whether the pipeline's cp group spans nodes there)."""
         return self._group_sums(kind, cost.cells_time(self.totals, self.attention, virtual_stage=vstage,
-                                                       backward=kind == "B", cp=self.cp)).tolist()
+                                                       backward=kind == "B", cp=self.cp,
+                                                       cross_node=cross_node)).tolist()
 
 
 class _PipelineRun:
@@ -119,16 +121,18 @@ class _PipelineRun:
         for kind, mine in (("F", forward), ("B", ~forward)):
             tokens[mine] = np.array(self._cells.group_tokens[kind], dtype=np.int64)[group[mine]]
         # a group's time depends on its chunk only through the chunk's layer count, the embedding
-        # (first chunk) and the head (last chunk)
+        # (first chunk), the head (last chunk) and whether the stage's cp group spans nodes (a
+        # DP-Merge group can straddle a node boundary on some stages and not on others)
         layers = par.chunk_layers(config.model.num_layers)
         last = self.pp * self.chunks - 1
-        shapes = [(layers[v], v == 0, v == last) for v in range(last + 1)]
+        crosses = [cost.cp_crosses_nodes(pipe.replicas, stage) if self.cp > 1 else None for stage in range(self.pp)]
+        shapes = [(layers[v], v == 0, v == last, crosses[v % self.pp]) for v in range(last + 1)]
         times: dict[tuple, list[float]] = {}
         duration = np.zeros(num)
         for v, shape in enumerate(shapes):
             for kind, of_kind in (("F", forward), ("B", ~forward)):
                 if (kind, shape) not in times:
-                    times[(kind, shape)] = self._cells.group_times(cost, kind, v)
+                    times[(kind, shape)] = self._cells.group_times(cost, kind, v, shape[3])
                 mine = of_kind & (vstage == v)
                 duration[mine] = np.array(times[(kind, shape)])[group[mine]]
         self.vstage, self.forward, self.tokens = vstage, forward, tokens

@@ -58,8 +58,47 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
     return merges
 
 
+def place_merged(widths: Sequence[int], dp: int, nodes: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> list[tuple[int, ...]]:
+    """Consecutive replicas for each merged group of these widths (in the order given). Without
+    ``nodes``, one after another from replica 0. With ``nodes`` (per replica, the node of its first
+    and of its last rank), widest first, each on the first free run of replicas that stays on one
+    node, else on the first that starts on a node boundary, else on the first free run: a group
+    that straddles a node boundary runs its context-parallel ring at the inter-node link (the
+    simulator charges it), and widest first keeps power-of-two widths aligned without gaps. Where
+    the gaps that skipping leaves make a later group find no free run, the groups go one after
+    another, widest first."""
+    widest_first = sorted(range(len(widths)), key=lambda i: (-widths[i], i))
+    placed: list[tuple[int, ...]] = [()] * len(widths)
+    if nodes is None:
+        widest_first = list(range(len(widths)))
+    else:
+        first_node, last_node = nodes
+        free = np.ones(dp, dtype=bool)
+        for i in widest_first:
+            w = widths[i]
+            filled = np.concatenate([[0], np.cumsum(free)])
+            fits = np.flatnonzero(filled[w:] - filled[:-w] == w)  # starts of free runs of w replicas
+            if not len(fits):
+                break
+            one_node = first_node[fits] == last_node[fits + w - 1]
+            on_boundary = (fits == 0) | (first_node[fits] != last_node[np.maximum(fits - 1, 0)])
+            start = int(fits[np.argmax(one_node)] if one_node.any() else
+                        fits[np.argmax(on_boundary)] if on_boundary.any() else fits[0])
+            free[start:start + w] = False
+            placed[i] = tuple(range(start, start + w))
+        else:
+            return placed
+    start = 0
+    for i in widest_first:
+        placed[i] = tuple(range(start, start + widths[i]))
+        start += widths[i]
+    return placed
+
+
 def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], *,
-            merged_speed: Mapping[int, float] | None = None, min_ways: Sequence[int] | None = None) -> list[Bin]:
+            merged_speed: Mapping[int, float] | None = None, min_ways: Sequence[int] | None = None,
+            nodes: tuple[np.ndarray, np.ndarray] | None = None) -> list[Bin]:
     """Pipelines (merged groups first, then single replicas) and the items each runs. Items go
     heaviest first to the pipeline whose load per unit of speed is lowest (LPT on uniform
     machines, Graham 1969), then single items move from the most to the least loaded pipeline
@@ -67,19 +106,17 @@ def balance(costs: Sequence[float], dp: int, merges: Sequence[tuple[int, int]], 
     replicas' speed: context parallelism and the outlier's chain make it slower than k replicas,
     and the planner measures by how much (so the merged pipeline ends with the others). Item i
     goes only to pipelines of at least ``min_ways[i]`` replicas while one exists (otherwise to the
-    widest, where the simulator will report it out of memory)."""
-    replicas = iter(range(dp))
-    bins_replicas: list[tuple[int, ...]] = []
-    members: list[list[int]] = []
-    loads: list[float] = []
-    for item, ways in merges:
-        bins_replicas.append(tuple(next(replicas) for _ in range(ways)))
-        members.append([item])
-        loads.append(costs[item])
-    for r in replicas:
-        bins_replicas.append((r,))
-        members.append([])
-        loads.append(0.0)
+    widest, where the simulator will report it out of memory). ``nodes``: where merged groups go
+    (``place_merged``)."""
+    bins_replicas = place_merged([ways for _, ways in merges], dp, nodes)
+    members: list[list[int]] = [[item] for item, _ in merges]
+    loads: list[float] = [costs[item] for item, _ in merges]
+    taken = {r for block in bins_replicas for r in block}
+    for r in range(dp):
+        if r not in taken:
+            bins_replicas.append((r,))
+            members.append([])
+            loads.append(0.0)
     speeds = merged_speed or {}
     counts = [len(r) for r in bins_replicas]  # replicas per pipeline
     width = [k * speeds.get(k, 1.0) for k in counts]

@@ -155,6 +155,9 @@ class SlimPackPlanner:
         """The slice-level candidate (spread, slice count) that last won a step, tried first."""
         self._merge_whole_batch = (merge_whole_batch and config.parallel.dp > 1 and knobs.use_dp_merge
                                    and knobs.use_wide_merge)
+        self._replica_nodes = self.cost.replica_nodes(np.arange(config.parallel.dp), stage=0)
+        """Per replica, the nodes of its first and last rank: merged groups are placed on one node
+        where they can be (``phase1.place_merged``)."""
         self._merged: dict[int, SlimPackPlanner] = {}
         """The planners of the layouts with k replicas merged, by k (each keeps its own seed)."""
         self._merge_width: int | None = None
@@ -552,7 +555,8 @@ class SlimPackPlanner:
                 break
             for k in {len(b.replicas) for b in bins if speed_class(len(b.replicas)) in late}:
                 speeds[k] = speeds.get(k, 1.0) * finish[ref] / late[speed_class(k)]
-            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speeds, min_ways=min_ways)
+            bins = balance(loads, self.config.parallel.dp, merges, merged_speed=speeds, min_ways=min_ways,
+                           nodes=self._replica_nodes)
             out.append(({shape: self._score(self._scored_bins(bins, samples), samples, shape)}, bins, dict(speeds)))
         return out
 
@@ -715,7 +719,7 @@ class SlimPackPlanner:
             if merges in tried_merges:
                 continue
             tried_merges.append(merges)
-            bins = balance(loads, par.dp, merges, min_ways=min_ways)
+            bins = balance(loads, par.dp, merges, min_ways=min_ways, nodes=self._replica_nodes)
             scores = self._search(bins, samples, seed)
             tried += len(scores)
             shape = min(scores, key=lambda c: (rank(scores[c]), c))
