@@ -1,6 +1,7 @@
 import dataclasses
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -170,30 +171,53 @@ def test_merged_groups_are_placed_on_one_node_where_they_can_be():
     nodes = cost.replica_nodes(np.arange(12), stage=0)
     assert phase1.place_merged([2, 4, 2], 12) == [(0, 1), (2, 3, 4, 5), (6, 7)]
     assert phase1.place_merged([2, 4, 2], 12, nodes) == [(4, 5), (0, 1, 2, 3), (6, 7)]
-    # a 3-wide group leaves a gap on its node that a later 2-wide one skips; 6 wide must straddle, from a boundary
+    # the fullest node that has room (best fit): the 2-wide groups share node 1, not node 0's one left
     assert phase1.place_merged([3, 2, 2], 12, nodes) == [(0, 1, 2), (4, 5), (6, 7)]
+    # wider than a node: whole nodes first, so it spans as few as it can
     assert phase1.place_merged([6, 3], 12, nodes) == [(0, 1, 2, 3, 4, 5), (8, 9, 10)]
-    # gaps that leave a group no free run: one after another, widest first
-    # ((0, 1, 2), (4, 5, 6), (8, 9, 10) leave 3, 7 and 11 free)
-    assert phase1.place_merged([3, 3, 3, 3], 12, nodes) == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
+    # one 3-wide group per node, the fourth on the replicas left (one per node: it must span nodes)
+    assert phase1.place_merged([3, 3, 3, 3], 12, nodes) == [(0, 1, 2), (4, 5, 6), (8, 9, 10), (3, 7, 11)]
     bins = balance([5.0, 4.0, 1.0, 1.0], 12, [(0, 2), (1, 4)], nodes=nodes)
     assert [b.replicas for b in bins[:2]] == [(4, 5), (0, 1, 2, 3)] and [b.replicas for b in bins[2:]] == \
         [(r,) for r in range(6, 12)]
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from([1, 2, 4, 8]), st.lists(st.integers(1, 9), min_size=1, max_size=8), st.data())
-def test_placed_merged_groups_are_disjoint_runs_and_power_of_two_ones_stay_on_a_node(tp, widths, data):
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]), st.lists(st.integers(1, 9), min_size=1, max_size=8),
+       st.data())
+def test_placed_merged_groups_are_disjoint_and_on_one_node_where_one_has_room(tp, cp, widths, data):
     dp = data.draw(st.integers(sum(widths), sum(widths) + 12))
-    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=tp, dp=dp)))
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=tp, cp=cp, dp=dp)))
     placed = phase1.place_merged(widths, dp, cost.replica_nodes(np.arange(dp), stage=0))
     assert [len(p) for p in placed] == widths
-    assert all(p == tuple(range(p[0], p[0] + len(p))) for p in placed)  # consecutive replicas
     flat = [r for p in placed for r in p]
     assert len(set(flat)) == len(flat) and all(0 <= r < dp for r in flat)
-    if all(w & (w - 1) == 0 for w in widths):  # powers of two: none crosses a node it could stay on
+    span = tp * cp  # ranks per replica, 8 per node
+    if span > 8:  # every replica spans nodes: nothing to place well
+        return
+    per_node = 8 // span
+    if all(w & (w - 1) == 0 for w in widths):  # powers of two fit their nodes like buddies
         for p in placed:
-            assert cost.cp_crosses_nodes(p, stage=0) == (len(p) * tp > 8)
+            assert cost.cp_crosses_nodes(p, stage=0) == (len(p) > per_node)
+    # widest first, a group spans nodes only where, at its turn, no node had room for it
+    free = [min(per_node, dp - n * per_node) for n in range(-(-dp // per_node))]
+    for i in sorted(range(len(widths)), key=lambda i: (-widths[i], i)):
+        assert cost.cp_crosses_nodes(placed[i], stage=0) == (max(free) < widths[i])
+        for r in placed[i]:
+            free[r // per_node] -= 1
+
+
+def test_merged_pipelines_across_nodes_they_could_share_one_of_send_the_batch_to_aligned_merged_replicas():
+    def across(tp: int, *groups: tuple[int, ...]) -> bool:
+        planner = SlimPackPlanner(build_config(model="llama2-7b", parallel=ParallelConfig(tp=tp, dp=8)))
+        return planner._merged_across_nodes(types.SimpleNamespace(pipelines=[
+            types.SimpleNamespace(replicas=g) for g in groups]))
+
+    # tp 2: four replicas per node (0-3, 4-7)
+    assert across(2, (0, 1, 2), (3, 4, 5), (6,), (7,))  # 3..5 straddles, and 3 replicas fit a node
+    assert not across(2, (0, 1, 2), (4, 5, 6), (3,), (7,))
+    assert not across(2, (0, 1, 2, 3, 4, 5), (6,), (7,))  # wider than a node: it must span two
+    assert not across(8, (0, 1), (2, 3), (4,), (5,), (6,), (7,))  # one replica per node: every merge spans nodes
 
 
 def test_balance_gives_each_merged_width_its_own_speed():

@@ -84,7 +84,8 @@ class CostModel:
         self._attn_rate = cluster.peak_flops * eff.attention_max
         self._attn_backward_rate = cluster.peak_flops * eff.attention_backward_max
         self._tp_collectives = TP_COLLECTIVES[par.sequence_parallel]
-        # filled on first use per (pass, cp): a cache, the same values whoever fills it
+        # filled on first use per (pass, cp, whether the cp ring crosses nodes): a cache, the same
+        # values whoever fills it; gradient sync times per stage likewise
         self._comm_coefficients: dict[tuple[bool, int, bool | None], tuple[float, float]] = {}
         self._grad_sync: dict[int, float] = {}
         # seconds per token per layer of the memory-bound kernels on one device (tp shards them)

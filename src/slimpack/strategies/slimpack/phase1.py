@@ -60,39 +60,33 @@ def plan_merges(costs: Sequence[float], dp: int, *, merge_share: float | None,
 
 def place_merged(widths: Sequence[int], dp: int, nodes: tuple[np.ndarray, np.ndarray] | None = None
                  ) -> list[tuple[int, ...]]:
-    """Consecutive replicas for each merged group of these widths (in the order given). Without
-    ``nodes``, one after another from replica 0. With ``nodes`` (per replica, the node of its first
-    and of its last rank), widest first, each on the first free run of replicas that stays on one
-    node, else on the first that starts on a node boundary, else on the first free run: a group
-    that straddles a node boundary runs its context-parallel ring at the inter-node link (the
-    simulator charges it), and widest first keeps power-of-two widths aligned without gaps. Where
-    the gaps that skipping leaves make a later group find no free run, the groups go one after
-    another, widest first."""
-    widest_first = sorted(range(len(widths)), key=lambda i: (-widths[i], i))
-    placed: list[tuple[int, ...]] = [()] * len(widths)
+    """The replicas of each merged group of these widths (in the order given). Without ``nodes``,
+    one after another from replica 0. With ``nodes`` (per replica, the node of its first and of its
+    last rank), widest first, each on one node where one has that many free replicas (the node
+    with the fewest such, then the lowest, so that wide groups find room later), else on the nodes
+    with the most free replicas (so it spans as few as it can): a group whose ranks lie on several
+    nodes runs its context-parallel ring at the inter-node link (the simulator charges it). A group
+    need not be consecutive replicas; on one node it is as fast as if it were."""
     if nodes is None:
-        widest_first = list(range(len(widths)))
-    else:
-        first_node, last_node = nodes
-        free = np.ones(dp, dtype=bool)
-        for i in widest_first:
-            w = widths[i]
-            filled = np.concatenate([[0], np.cumsum(free)])
-            fits = np.flatnonzero(filled[w:] - filled[:-w] == w)  # starts of free runs of w replicas
-            if not len(fits):
-                break
-            one_node = first_node[fits] == last_node[fits + w - 1]
-            on_boundary = (fits == 0) | (first_node[fits] != last_node[np.maximum(fits - 1, 0)])
-            start = int(fits[np.argmax(one_node)] if one_node.any() else
-                        fits[np.argmax(on_boundary)] if on_boundary.any() else fits[0])
-            free[start:start + w] = False
-            placed[i] = tuple(range(start, start + w))
+        ends = np.cumsum(widths).tolist()
+        return [tuple(range(end - w, end)) for w, end in zip(widths, ends, strict=True)]
+    first_node, last_node = (np.asarray(n).tolist() for n in nodes)
+    free: dict[int, list[int]] = {}  # per node, its free replicas (a replica spanning nodes: under -1-r)
+    for r in range(dp):
+        free.setdefault(first_node[r] if first_node[r] == last_node[r] else -1 - r, []).append(r)
+    placed: list[tuple[int, ...]] = [()] * len(widths)
+    for i in sorted(range(len(widths)), key=lambda i: (-widths[i], i)):
+        w = widths[i]
+        roomy = [n for n, left in free.items() if len(left) >= w]
+        if roomy:
+            taken = free[min(roomy, key=lambda n: (len(free[n]), n))][:w]
         else:
-            return placed
-    start = 0
-    for i in widest_first:
-        placed[i] = tuple(range(start, start + widths[i]))
-        start += widths[i]
+            fullest_first = sorted(free, key=lambda n: (-len(free[n]), n))
+            taken = [r for n in fullest_first for r in free[n]][:w]
+        for r in taken:
+            left = free[first_node[r] if first_node[r] == last_node[r] else -1 - r]
+            left.remove(r)
+        placed[i] = tuple(sorted(taken))
     return placed
 
 

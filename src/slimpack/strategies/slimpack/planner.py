@@ -158,6 +158,9 @@ class SlimPackPlanner:
         self._replica_nodes = self.cost.replica_nodes(np.arange(config.parallel.dp), stage=0)
         """Per replica, the nodes of its first and last rank: merged groups are placed on one node
         where they can be (``phase1.place_merged``)."""
+        first, last = self._replica_nodes
+        self._replicas_per_node = int(np.bincount(first[first == last], minlength=1).max())
+        """The most replicas one node holds whole (0 where every replica spans nodes)."""
         self._merged: dict[int, SlimPackPlanner] = {}
         """The planners of the layouts with k replicas merged, by k (each keeps its own seed)."""
         self._merge_width: int | None = None
@@ -779,11 +782,23 @@ class SlimPackPlanner:
         plan = dataclasses.replace(plan, info={**info, "step_s": step_s})
         return plan, fitting, lead
 
+    def _merged_across_nodes(self, plan: Plan) -> bool:
+        """Whether a merged pipeline of ``plan`` runs its context-parallel ring across nodes on
+        some stage while one of a node's replicas would not: the merged groups phase 1 chose did
+        not fit the nodes (wlbllm 64K, llama2-7b tp2 dp32: eleven groups of 2-3 replicas for eight
+        nodes of four), and the batch on replicas merged k at a time, aligned to the nodes, may
+        be faster."""
+        return self._replicas_per_node > 1 and any(
+            1 < len(pipe.replicas) <= self._replicas_per_node
+            and any(self.cost.cp_crosses_nodes(pipe.replicas, stage) for stage in range(self.config.parallel.pp))
+            for pipe in plan.pipelines)
+
     def _on_merged_replicas(self, plan: Plan | None, batch: Sequence[Sample], step: int, *,
                             full_search: bool) -> Plan | None:
         """``plan`` (None: none fits), or the batch planned on merged replicas (``merged``) where
         that simulates faster. Tried where nothing fits, and where memory is tight (the fullest
-        device of ``plan`` above ``TIGHT_MEMORY`` of usable memory) on the steps that run the full
+        device of ``plan`` above ``TIGHT_MEMORY`` of usable memory, or a merged pipeline crosses
+        nodes it need not: ``_merged_across_nodes``) on the steps that run the full
         search (for batches up to ``CANDIDATES_MAX_SAMPLES``, as the baseline candidates), on the
         steps after one where merged replicas won, and whenever memory holds a pipeline below
         1F1B's warm-up (``merged.throttled``): a plan per width tried would double a seeded step's
@@ -796,12 +811,13 @@ class SlimPackPlanner:
         if not self._merge_whole_batch:
             return plan
         if plan is not None:
+            across = self._merged_across_nodes(plan)
             worth_a_plan = ((full_search and len(batch) <= CANDIDATES_MAX_SAMPLES) or self._merge_width is not None
-                            or throttled(plan))
+                            or throttled(plan) or across)
             if not worth_a_plan:  # decided before the peaks are computed: a pass over every pipeline's order
                 return plan
             usable = self.config.cluster.usable_memory_bytes
-            if max(plan_peaks(plan, self.cost), default=0.0) <= TIGHT_MEMORY * usable:
+            if not across and max(plan_peaks(plan, self.cost), default=0.0) <= TIGHT_MEMORY * usable:
                 return plan
         # every plan the planner returns carries its simulated step (``safest_plan``), and a plan
         # of the widened layout takes the same time on the merged replicas (tests/strategies/test_wide_merge.py)
