@@ -34,13 +34,14 @@ def _layout_plan(**parallel: int) -> Plan:
     return make_planner("slimpack", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(LENGTHS)], step=0)
 
 
-def _merged_plus_ordinary_plan() -> Plan:
-    """dp 3: replicas 0 and 1 merged into a cp-2 pipeline for a long, sliced sample with asymmetric
-    groups; replica 2 an ordinary pipeline of short samples."""
+def _merged_plus_ordinary_plan(merged_replicas: tuple[int, int] = (0, 1), single: int = 2) -> Plan:
+    """dp 3: two replicas merged into a cp-2 pipeline for a long, sliced sample with asymmetric
+    groups; the third an ordinary pipeline of short samples."""
     s = [Slice(0, 0, 120), Slice(0, 120, 200), Slice(1, 0, 30)]
-    merged = PipelinePlan(replicas=(0, 1), cp=2, forward=((s[0],), (s[1], s[2])), backward=((s[1],), (s[2], s[0])))
+    merged = PipelinePlan(replicas=merged_replicas, cp=2, forward=((s[0],), (s[1], s[2])),
+                          backward=((s[1],), (s[2], s[0])))
     short = [Slice(2, 0, 50), Slice(3, 0, 41), Slice(4, 0, 7)]
-    ordinary = PipelinePlan(replicas=(2,), cp=1, forward=((short[0],), (short[1], short[2])),
+    ordinary = PipelinePlan(replicas=(single,), cp=1, forward=((short[0],), (short[1], short[2])),
                             backward=((short[0],), (short[1], short[2])))
     samples = tuple(Sample(id=i, length=n) for i, n in enumerate((200, 30, 50, 41, 7)))
     return Plan(config=config(pp=1, dp=3, model="tiny", max_context=256), strategy="hand", samples=samples,
@@ -186,13 +187,15 @@ def test_cp2_rank_without_tokens_in_a_group():
 
 
 @pytest.mark.slow
-def test_dp_merge_pair_beside_an_ordinary_replica():
+@pytest.mark.parametrize(("merged", "single", "rows"), [((0, 1), 2, [115, 115, 98]), ((0, 2), 1, [115, 98, 115])])
+def test_dp_merge_pair_beside_an_ordinary_replica(merged, single, rows):
     """3 ranks: the merged pair runs the outlier context-parallel, each rank its zigzag share of
-    every slice; replica 2 its own pipeline; gradients summed over dp x cp."""
-    plan = _merged_plus_ordinary_plan()
+    every slice; the third replica its own pipeline; gradients summed over dp x cp. The pair need
+    not be consecutive replicas (the planner puts a merged group on one node where it can)."""
+    plan = _merged_plus_ordinary_plan(merged, single)
     results = spawn(gradient_check, 3, (plan, 3), timeout_s=300)
-    # slices of 120, 80 and 30 tokens in quarters: rank 0 holds 30+30, 20+20, 7+8; rank 1 30+30, 20+20, 8+7
-    assert [r["rows"] for r in results] == [115, 115, 98]
+    # slices of 120, 80 and 30 tokens in quarters: each merged rank holds 30+30, 20+20 and 7+8 (or 8+7)
+    assert [r["rows"] for r in results] == rows
     _check(results)
 
 

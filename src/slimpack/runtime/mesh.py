@@ -5,9 +5,9 @@ ranks innermost, then context, then data, then pipeline:
 
     rank = ((stage x dp + replica) x cp + cp_rank) x tp + tp_rank
 
-so a tensor-parallel group is tp consecutive ranks, a replica's cp group of one stage is tp·cp
-consecutive ranks, and the replicas of a DP-Merge group (consecutive replica indices, as the
-planner merges them) are consecutive too.
+so a tensor-parallel group is tp consecutive ranks and a replica's cp group of one stage is tp·cp
+consecutive ranks. The replicas of a DP-Merge group need not be consecutive: the planner puts them
+on one node where it can (``strategies.slimpack.phase1.place_merged``).
 
 A plan's pipeline runs on the ranks of all its replicas. Its context-parallel group on one stage and
 tp rank is, in order, the cp ranks of its first replica, then those of its second, ...: a pipeline of
