@@ -70,10 +70,12 @@ def place_merged(widths: Sequence[int], dp: int, nodes: tuple[np.ndarray, np.nda
     if nodes is None:
         ends = np.cumsum(widths).tolist()
         return [tuple(range(end - w, end)) for w, end in zip(widths, ends, strict=True)]
-    first_node, last_node = (np.asarray(n).tolist() for n in nodes)
-    free: dict[int, list[int]] = {}  # per node, its free replicas (a replica spanning nodes: under -1-r)
+    # each replica's node; a replica that spans nodes gets a home of its own, -1-r
+    home = [first if first == last else -1 - r
+            for r, (first, last) in enumerate(zip(*(np.asarray(n).tolist() for n in nodes), strict=True))]
+    free: dict[int, list[int]] = {}  # per home, its free replicas
     for r in range(dp):
-        free.setdefault(first_node[r] if first_node[r] == last_node[r] else -1 - r, []).append(r)
+        free.setdefault(home[r], []).append(r)
     placed: list[tuple[int, ...]] = [()] * len(widths)
     for i in sorted(range(len(widths)), key=lambda i: (-widths[i], i)):
         w = widths[i]
@@ -84,8 +86,7 @@ def place_merged(widths: Sequence[int], dp: int, nodes: tuple[np.ndarray, np.nda
             fullest_first = sorted(free, key=lambda n: (-len(free[n]), n))
             taken = [r for n in fullest_first for r in free[n]][:w]
         for r in taken:
-            left = free[first_node[r] if first_node[r] == last_node[r] else -1 - r]
-            left.remove(r)
+            free[home[r]].remove(r)
         placed[i] = tuple(sorted(taken))
     return placed
 
