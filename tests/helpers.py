@@ -31,7 +31,7 @@ class UniformCost:
         """Every cell costs a group's time (the simulator sums a group's cells)."""
         return np.full(len(totals), self.group_time((), (), virtual_stage=virtual_stage, backward=backward))
 
-    def p2p_time(self, tokens, *, from_stage, to_stage, cp=None):
+    def p2p_time(self, tokens, *, from_stage, to_stage, cp=None, replicas=(0,)):
         return 0.0
 
     def activation_bytes(self, tokens, *, virtual_stage, cp=None):

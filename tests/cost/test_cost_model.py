@@ -227,6 +227,37 @@ def test_p2p_and_grad_sync():
     assert np.isfinite(cost.optimizer_time(0)) and cost.optimizer_time(0) > 0
 
 
+def test_a_p2p_hop_is_priced_by_the_ranks_of_its_own_replicas():
+    """tp 2, dp 3, pp 2 on 8-GPU nodes (450 / 50 GB/s, 3 / 10 us): a stage holds 6 ranks. Replica 0
+    sends ranks 0-1 to 6-7, all on node 0; replica 1 sends 2-3 to 8-9 and replica 2 4-5 to 10-11,
+    across nodes 0 and 1. 4096 tokens of hidden 4096 in bf16, sharded by tp 2: 8 MiB per rank."""
+    cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=2, dp=3, pp=2)))
+    size = 4096 * 4096 * 2 / 2
+    for replicas, (bw, lat) in (((0,), (450e9, 3e-6)), ((1,), (50e9, 10e-6)), ((2,), (50e9, 10e-6)),
+                                ((0, 1), (50e9, 10e-6))):  # a merged pair: its slowest pair of ranks
+        for hop in ((0, 1), (1, 0)):  # activations forward, their gradients back
+            assert cost.p2p_time(4096, from_stage=hop[0], to_stage=hop[1], replicas=replicas) == pytest.approx(
+                size / bw + lat), (replicas, hop)
+    # elementwise, as the simulator asks: the same stage (no hop) never crosses
+    times = cost.p2p_time(np.array([4096, 4096]), from_stage=np.array([0, 1]), to_stage=np.array([1, 1]),
+                          replicas=(2,))
+    assert times.tolist() == pytest.approx([size / 50e9 + 10e-6, size / 450e9 + 3e-6])
+
+
+def test_p2p_hops_agree_over_replicas_where_a_stage_divides_or_fills_nodes():
+    """Where dp·cp·tp divides a node's GPUs or is a multiple of them, every replica's hop runs at
+    the link replica 0's does (the rule before hops were priced per replica)."""
+    for tp, cp, dp, pp in ((1, 1, 2, 4), (2, 2, 2, 4), (8, 1, 2, 4), (4, 2, 4, 2), (1, 1, 16, 8)):
+        cost = CostModel(build_config(model="llama2-7b", parallel=ParallelConfig(tp=tp, cp=cp, dp=dp, pp=pp)))
+        first = cost.hops_within_node((0,))
+        for r in range(dp):
+            assert (cost.hops_within_node((r,)) == first).all(), (tp, cp, dp, pp, r)
+        stage_ranks = tp * cp * dp
+        for a in range(pp):
+            for b in range(pp):
+                assert first[a, b] == ((a * stage_ranks) // 8 == (b * stage_ranks) // 8)
+
+
 def test_a_group_that_straddles_a_node_boundary_pays_the_inter_node_link():
     """tp 4, dp 4 on 8-GPU nodes (450 / 50 GB/s, 3 / 10 us): replica r holds ranks 4r..4r+3, so
     replicas (0, 1) share node 0 and replicas (1, 2), ranks 4..11, straddle nodes 0 and 1."""

@@ -46,7 +46,8 @@ def test_every_dependency_is_respected(plan):
                 pred_device, pred_action = nodes[pred]
                 ready = span_of[(pred_device, *pred_action)].end_s
                 if kind == P2P:  # activations or gradients travel to the next device first
-                    ready += cost.p2p_time(span.tokens, from_stage=pred_device, to_stage=device, cp=pipe.cp)
+                    ready += cost.p2p_time(span.tokens, from_stage=pred_device, to_stage=device, cp=pipe.cp,
+                                           replicas=pipe.replicas)
                 assert span.start_s >= ready, (p, action, device, pred_action, pred_device)
     # a stage's gradient sync starts once that stage is done on every pipeline (the DP all-reduce)
     last_compute = defaultdict(float)

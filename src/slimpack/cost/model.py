@@ -88,6 +88,7 @@ class CostModel:
         # values whoever fills it; gradient sync times per stage likewise
         self._comm_coefficients: dict[tuple[bool, int, bool | None], tuple[float, float]] = {}
         self._grad_sync: dict[int, float] = {}
+        self._hops_within_node: dict[tuple[int, ...], np.ndarray] = {}
         # seconds per token per layer of the memory-bound kernels on one device (tp shards them)
         self._elementwise = 0.0 if eff.elementwise_bandwidth is None else (
             flops.elementwise_elements_per_token(model) * model.dtype_bytes / par.tp
@@ -419,17 +420,30 @@ class CostModel:
         return self._p2p_bytes_per_token * tokens / (cp or self.cp)
 
     def p2p_time(self, tokens: float | np.ndarray, *, from_stage: int | np.ndarray, to_stage: int | np.ndarray,
-                 cp: int | None = None) -> float | np.ndarray:
+                 cp: int | None = None, replicas: Sequence[int] = (0,)) -> float | np.ndarray:
         """Seconds to send a group's activations (or their gradients) from one stage to another;
         elementwise over arrays of tokens and stages (the simulator prices every transfer of a
-        pipeline in one call)."""
-        par = self.config.parallel
-        stage_ranks = par.dp * par.cp * par.tp
-        gpn = self.config.cluster.gpus_per_node
-        same_node = (np.asarray(from_stage) * stage_ranks) // gpn == (np.asarray(to_stage) * stage_ranks) // gpn
+        pipeline in one call). Each rank of the pipeline on ``replicas`` sends to its own
+        counterpart on the other stage, all at once, so a hop runs at the inter-node link when any
+        pair lies on two nodes (``hops_within_node``)."""
+        same_node = self.hops_within_node(tuple(replicas))[np.asarray(from_stage), np.asarray(to_stage)]
         (bw_in, lat_in), (bw_out, lat_out) = (self.config.cluster.link(same_node=s) for s in (True, False))
         bw, lat = np.where(same_node, bw_in, bw_out), np.where(same_node, lat_in, lat_out)
         return self.p2p_bytes(tokens, cp=cp) / bw + lat
+
+    def hops_within_node(self, replicas: tuple[int, ...]) -> np.ndarray:
+        """``[from, to]``: whether every rank of the pipeline on ``replicas`` shares a node with its
+        counterpart on the other stage (the same replica, cp and tp rank: ``layout_rank``). Where a
+        stage's ranks (dp·cp·tp) divide a node, or fill whole nodes, every replica agrees; otherwise
+        (e.g. tp2 dp3 on 8-GPU nodes) a replica's hop can cross a node boundary that replica 0's
+        does not. Kept per replica set."""
+        if replicas not in self._hops_within_node:
+            par, per_node = self.config.parallel, self.config.cluster.gpus_per_node
+            ranks = np.array([par.rank(r, 0, c, t) for r in replicas for c in range(par.cp) for t in range(par.tp)])
+            stage_ranks = par.dp * par.cp * par.tp
+            nodes = (ranks[None, :] + stage_ranks * np.arange(par.pp)[:, None]) // per_node  # [stage, rank]
+            self._hops_within_node[replicas] = (nodes[:, None, :] == nodes[None, :, :]).all(axis=2)
+        return self._hops_within_node[replicas]
 
     def grad_sync_time(self, stage: int) -> float:
         """Ring all-reduce (or reduce-scatter + all-gather) of a stage's bf16 gradients over dp·cp:

@@ -110,6 +110,7 @@ class _PipelineRun:
         par = config.parallel
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
+        self.replicas = pipe.replicas
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self._cells = CellTable(pipe, self.cp, cost, where=f"pipelines[{index}]")
         graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
@@ -158,7 +159,7 @@ class _PipelineRun:
         hops = np.flatnonzero(sources >= 0)
         delays = np.zeros(num)
         delays[hops] = cost.p2p_time(self.tokens[hops], from_stage=device[sources[hops]], to_stage=device[hops],
-                                     cp=self.cp)
+                                     cp=self.cp, replicas=self.replicas)
         start, end, duration = [0.0] * num, [0.0] * num, self.duration
         before_of, hop_delay = previous.tolist(), delays.tolist()
         for node in topo:
