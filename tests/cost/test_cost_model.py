@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import numpy as np
@@ -311,3 +312,31 @@ def test_groups_sums_are_each_groups_sums_bit_for_bit(groups, cp):
     totals, attention = cost.groups_sums(tokens, prefix, firsts, cp)
     for i, group in enumerate(groups):
         assert (totals[i], attention[i]) == cost.group_sums([t for t, _ in group], [p for _, p in group], cp)
+
+
+def test_a_tied_head_on_a_later_stage_is_a_copy_of_the_embedding():
+    """Llama-3-8B with its embedding tied (V 128256 x h 4096): on one stage the head is the embedding
+    (counted once); over a pipeline the last stage holds a copy, whose gradient the first and last
+    stages sum as pairs after their own all-reduce: tp 2 pp 2 dp 2, a stage holds 4 ranks, so rank r
+    of stage 0 and its counterpart r + 4 share node 0 (450 GB/s, 3 us): size / bw + 2 lat."""
+    tied = dataclasses.replace(model_preset("llama3-8b"), tie_embeddings=True)
+    layer, embedding, hidden = tied.layer_params(), tied.embedding_params(), tied.hidden
+    one_stage = CostModel(build_config(model=tied, parallel=ParallelConfig(tp=2, dp=2)))
+    assert one_stage.stage_params(0) == (32 * layer + embedding + hidden) / 2
+    assert one_stage.tied_embedding_sync_time() == 0.0
+    two = CostModel(build_config(model=tied, parallel=ParallelConfig(tp=2, pp=2, dp=2)))
+    assert two.stage_params(0) == (16 * layer + embedding) / 2
+    assert two.stage_params(1) == (16 * layer + embedding + hidden) / 2  # the untied model's last stage
+    untied = CostModel(build_config(model="llama3-8b", parallel=ParallelConfig(tp=2, pp=2, dp=2)))
+    assert two.stage_params(1) == untied.stage_params(1)
+    shard = embedding / 2 * 2  # bf16 gradients of the rank's vocabulary half
+    assert two.tied_embedding_sync_time() == pytest.approx(shard / 450e9 + 2 * 3e-6)
+    for stage in (0, 1):
+        own = ring_allreduce_time(two.stage_params(stage) * 2, 2, 450e9, 3e-6)
+        assert two.grad_sync_time(stage) == pytest.approx(own + shard / 450e9 + 2 * 3e-6)
+    # four stages of 4 ranks: stage 0 (ranks 0-3) and stage 3 (12-15) lie on two nodes; the middle
+    # stages sum no embedding
+    four = CostModel(build_config(model=tied, parallel=ParallelConfig(tp=2, pp=4, dp=2)))
+    assert four.tied_embedding_sync_time() == pytest.approx(shard / 50e9 + 2 * 10e-6)
+    middle = CostModel(build_config(model="llama3-8b", parallel=ParallelConfig(tp=2, pp=4, dp=2)))
+    assert four.grad_sync_time(1) == middle.grad_sync_time(1)

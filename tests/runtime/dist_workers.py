@@ -10,14 +10,22 @@ import torch
 from slimpack.plan.types import PipelinePlan, Plan, Slice
 
 
+def _tiny(plan: Plan):
+    """The tiny model these checks run, its embedding tied where the plan's model ties its own."""
+    import dataclasses
+
+    from slimpack.config import model_preset
+
+    return dataclasses.replace(model_preset("tiny"), tie_embeddings=plan.config.model.tie_embeddings)
+
+
 def _unsliced_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
     """Every sample alone, unsliced, plain torch ops (``runtime.reference``)."""
-    from slimpack.config import model_preset
     from slimpack.runtime.model import build_model
     from slimpack.runtime.reference import reference_loss
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
-    config = model_preset("tiny")
+    config = _tiny(plan)
     net = build_model(config, seed=seed, dtype=torch.float64)
     loss = reference_loss(net, random_tokens(plan_lengths(plan), config.vocab_size, seed))
     return float(loss), {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
@@ -31,7 +39,6 @@ def _errors(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dic
 
 
 def _reference_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tensor]]:
-    from slimpack.config import model_preset
     from slimpack.runtime.loss import count_loss_tokens
     from slimpack.runtime.model import build_model
     from slimpack.runtime.pipeline import build_executors, default_actions, run_in_order
@@ -41,7 +48,7 @@ def _reference_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tens
         verify_plan,  # noqa: F401 - same helpers as verify
     )
 
-    config = model_preset("tiny")
+    config = _tiny(plan)
     lengths = plan_lengths(plan)
     tokens = random_tokens(lengths, config.vocab_size, seed)
     net = build_model(config, seed=seed, dtype=torch.float64)
@@ -58,14 +65,13 @@ def _reference_grads(plan: Plan, seed: int) -> tuple[float, dict[str, torch.Tens
 
 def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
     """Run one step of ``plan`` distributed; compare loss and this rank's gradients with one process."""
-    from slimpack.config import model_preset
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.mesh import Mesh
     from slimpack.runtime.model import build_model
     from slimpack.runtime.tensor_parallel import full
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
-    config = model_preset("tiny")
+    config = _tiny(plan)
     net = build_model(config, seed=seed, dtype=torch.float64)
     tokens = random_tokens(plan_lengths(plan), config.vocab_size, seed)
     runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel),

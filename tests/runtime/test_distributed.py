@@ -3,13 +3,14 @@ parameter gradient equal the single-process run of the same plan; a dead rank fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from dist_workers import early_exit, gradient_check, hanging_rank, hf_gradient_check
 
 from helpers import config
-from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.runtime.launch import LaunchError, spawn
 from slimpack.runtime.mesh import Mesh
@@ -27,9 +28,11 @@ def _slimpack_plan(pp: int, dp: int) -> Plan:
     return make_planner("slimpack", cfg).plan(batch, step=0)
 
 
-def _layout_plan(**parallel: int) -> Plan:
-    """A SlimPack plan of the tiny model for a tp/cp/pp/dp layout."""
-    cfg = build_config(model="tiny", parallel=ParallelConfig(**parallel),
+def _layout_plan(*, tied: bool = False, **parallel: int) -> Plan:
+    """A SlimPack plan of the tiny model (its embedding tied as the LM head with ``tied``) for a
+    tp/cp/pp/dp layout."""
+    model = dataclasses.replace(model_preset("tiny"), tie_embeddings=tied)
+    cfg = build_config(model=model, parallel=ParallelConfig(**parallel),
                        train=TrainConfig(max_context=256, global_batch_tokens=512))
     return make_planner("slimpack", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(LENGTHS)], step=0)
 
@@ -196,6 +199,28 @@ def test_dp_merge_pair_beside_an_ordinary_replica(merged, single, rows):
     results = spawn(gradient_check, 3, (plan, 3), timeout_s=300)
     # slices of 120, 80 and 30 tokens in quarters: each merged rank holds 30+30, 20+20 and 7+8 (or 8+7)
     assert [r["rows"] for r in results] == rows
+    _check(results)
+
+
+@pytest.mark.parametrize("layout", [{"pp": 2}, {"pp": 2, "virtual_stages": 2}])
+def test_tied_embedding_over_two_stages(layout):
+    """The first stage's embedding and the last stage's head are one tensor of the tiny model: each
+    end's gradient is its own use's until the pair sums them, then both equal the unsliced
+    model's, which holds the sum (chunk 0 and chunk 3 under interleaving)."""
+    plan = _layout_plan(tied=True, **layout)
+    results = spawn(gradient_check, 2, (plan, 4), timeout_s=120)
+    assert [r["position"][1] for r in results] == [0, 1]
+    assert all("embedding.weight" in r["errors"] for r in results)  # each end holds the tied tensor
+    _check(results)
+
+
+@pytest.mark.slow
+def test_tied_embedding_over_two_stages_and_two_replicas():
+    """pp 2 x dp 2: each replica's ends sum the embedding after each stage's all-reduce over the
+    replicas (ranks 0 and 2, 1 and 3)."""
+    plan = _layout_plan(tied=True, pp=2, dp=2)
+    results = spawn(gradient_check, 4, (plan, 5), timeout_s=300)
+    assert sorted(r["position"][:2] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     _check(results)
 
 

@@ -378,8 +378,15 @@ class CostModel:
             if shape.has_embedding:
                 params += model.embedding_params()
             if shape.has_head:
-                params += model.hidden + (0 if model.tie_embeddings else model.embedding_params())
+                # a tied head is the embedding itself where the stage holds both; on a later stage
+                # it is a copy of its own (the runtime keeps the two equal: ``tied_embedding_sync_time``)
+                params += model.hidden + (0 if self.embedding_shares_head_device else model.embedding_params())
         return params / self.tp
+
+    @property
+    def embedding_shares_head_device(self) -> bool:
+        """Whether the LM head is the input embedding on one device: tied, and one pipeline stage."""
+        return self.model.tie_embeddings and self.config.parallel.pp == 1
 
     def model_state_bytes(self, stage: int) -> float:
         par = self.config.parallel
@@ -453,8 +460,21 @@ class CostModel:
             par = self.config.parallel
             bw, lat = self.config.cluster.link(same_node=not self.cp_crosses_nodes((0, par.dp - 1), stage))
             size = self.stage_params(stage) * memory.GRAD_BYTES
-            self._grad_sync[stage] = ring_allreduce_time(size, par.dp * par.cp, bw, lat)
+            self._grad_sync[stage] = ring_allreduce_time(size, par.dp * par.cp, bw, lat) + (
+                self.tied_embedding_sync_time() if stage in (0, par.pp - 1) else 0.0)
         return self._grad_sync[stage]
+
+    def tied_embedding_sync_time(self) -> float:
+        """Seconds to sum a tied embedding's gradient over the first and the last stage, after each
+        stage's own all-reduce: every rank of the first stage and its counterpart on the last
+        (``layout_rank``) all-reduce their shard as a pair, all pairs at once (0 unless tied over
+        several stages)."""
+        par = self.config.parallel
+        if not self.model.tie_embeddings or self.embedding_shares_head_device:
+            return 0.0
+        same_node = bool(self.hops_within_node(tuple(range(par.dp)))[0, par.pp - 1])
+        bw, lat = self.config.cluster.link(same_node=same_node)
+        return ring_allreduce_time(self.model.embedding_params() / self.tp * memory.GRAD_BYTES, 2, bw, lat)
 
     def optimizer_time(self, stage: int) -> float:
         """Adam step: memory-bound pass over this device's shard of fp32 states, grads and params."""

@@ -116,7 +116,7 @@ class RankRuntime:
         self.rank = dist.get_rank()
         self.position = mesh.position(self.rank)
         self.replica, self.stage = self.position.replica, self.position.stage
-        self.groups = groups or build_process_groups(mesh)
+        self.groups = groups or build_process_groups(mesh, tied_embeddings=model.config.tie_embeddings)
         if mesh.tp > 1:
             (parallelize_model if isinstance(model, Transformer) else parallelize_hf_model)(model, self.groups.tp_mesh)
         self.num_chunks = mesh.pp * virtual_stages
@@ -143,10 +143,15 @@ class RankRuntime:
         self.timeout_s = timeout_s
         self.monitor = WaitMonitor(timeout_s, self.rank)
         self.optimizer = optimizer(self.parameters) if optimizer is not None else None
-        if model.config.tie_embeddings and self.num_chunks > 1:
-            # the embedding would live on the first and the last chunk and need one more reduction
-            raise NotImplementedError("tied embeddings over several stages are not supported by the "
-                                      "distributed runtime")
+        # a tied embedding over several stages: the first stage's embedding and the last stage's
+        # head are one parameter in every process's copy of the model, but two on the mesh; their
+        # gradients are summed after each stage's own reduction, so both copies take the same
+        # optimizer step and stay equal (Megatron's embedding group)
+        self.tied_embedding: torch.nn.Parameter | None = None
+        if self.groups.embedding_group is not None:
+            embedding = chunks[0].embedding.weight
+            assert embedding is chunks[-1].head.weight, "a tied model's head is its embedding"
+            self.tied_embedding = self.parameters[[id(p) for p in self.compute_parameters].index(id(embedding))]
 
     def close(self) -> None:
         """Stop watching waits (the monitor's thread ends)."""
@@ -285,6 +290,11 @@ class RankRuntime:
                 n = g.numel()
                 g.copy_(flat[at:at + n].view_as(g))
                 at += n
+        if self.tied_embedding is not None:
+            pos = self.position
+            other = self.mesh.rank(pos.replica, self.mesh.pp - 1 - self.stage, cp_rank=pos.cp_rank, tp_rank=pos.tp_rank)
+            with self.monitor.waiting(f"step {step}: the tied embedding's all-reduce", ranks_text([other])):
+                dist.all_reduce(self.tied_embedding.grad, group=self.groups.embedding_group)
 
 
 def shutdown() -> None:

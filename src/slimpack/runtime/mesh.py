@@ -135,6 +135,9 @@ class ProcessGroups:
     """All-reduces this rank's parameter gradients over dp x cp (None when dp·cp = 1)."""
     tp_mesh: Any = None
     """The 1-D tensor-parallel ``DeviceMesh`` of this rank (None for tp = 1)."""
+    embedding_group: Any = None
+    """A tied embedding's pair: this first- or last-stage rank and its counterpart on the other
+    end of the pipeline, which sum the embedding's gradient (None elsewhere, or untied)."""
     _cp_groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
 
     def cp_group(self, ranks: tuple[int, ...]) -> Any:
@@ -160,9 +163,10 @@ class ProcessGroups:
                         self._cp_groups[ranks] = dist.new_group(list(ranks))
 
 
-def build_process_groups(mesh: Mesh) -> ProcessGroups:
+def build_process_groups(mesh: Mesh, *, tied_embeddings: bool = False) -> ProcessGroups:
     """Create the gradient groups and the tensor-parallel mesh (every rank calls this, in the same
-    order). One line of error when the world does not match the layout."""
+    order), and with ``tied_embeddings`` over several stages the first and last stages' pairs. One
+    line of error when the world does not match the layout."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -175,6 +179,14 @@ def build_process_groups(mesh: Mesh) -> ProcessGroups:
             group = dist.new_group(list(mesh.stage_ranks(stage, tp_rank)))  # collective: every rank creates every group
             if (pos.stage, pos.tp_rank) == (stage, tp_rank):
                 mine = group
+    pair = None
+    for replica in range(mesh.dp) if tied_embeddings and mesh.pp > 1 else ():
+        for cp_rank in range(mesh.cp):
+            for tp_rank in range(mesh.tp):
+                ends = [mesh.rank(replica, stage, cp_rank=cp_rank, tp_rank=tp_rank) for stage in (0, mesh.pp - 1)]
+                group = dist.new_group(ends)
+                if rank in ends:
+                    pair = group
     tp_mesh = None
     if mesh.tp > 1:
         from torch.distributed.device_mesh import init_device_mesh
@@ -182,4 +194,5 @@ def build_process_groups(mesh: Mesh) -> ProcessGroups:
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         full = init_device_mesh(device, (mesh.pp, mesh.dp, mesh.cp, mesh.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
         tp_mesh = full["tp"]
-    return ProcessGroups(mesh=mesh, rank=rank, stage_group=mine if mesh.dp * mesh.cp > 1 else None, tp_mesh=tp_mesh)
+    return ProcessGroups(mesh=mesh, rank=rank, stage_group=mine if mesh.dp * mesh.cp > 1 else None, tp_mesh=tp_mesh,
+                         embedding_group=pair)
