@@ -288,3 +288,22 @@ def hf_collectives_of_one_layer(rank: int, world_size: int, config_path: str, nu
         return [(c.kind, int(c.size_bytes) // 8) for c in log.records]
 
     return {"forward": elements(forward), "backward": elements(backward)}
+
+
+def tied_embedding_after_steps(rank: int, world_size: int, plan: Plan, steps: int) -> dict:
+    """``steps`` AdamW steps of ``plan`` (the same batch each time) with the tiny model tied as the
+    plan's is; this rank's copy of the embedding (or of the head it is tied to) at the start and end."""
+    from slimpack.runtime.distributed import RankRuntime
+    from slimpack.runtime.mesh import Mesh
+    from slimpack.runtime.model import build_model
+    from slimpack.runtime.verify import plan_lengths, random_tokens
+
+    net = build_model(_tiny(plan), seed=0, dtype=torch.float64)
+    tokens = random_tokens(plan_lengths(plan), net.config.vocab_size, 0)
+    runtime = RankRuntime(net, Mesh.from_parallel(plan.config.parallel), backend="cpu", timeout_s=60,
+                          virtual_stages=plan.config.parallel.virtual_stages,
+                          optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
+    before = net.embedding.weight.detach().clone()
+    for _ in range(steps):
+        runtime.step(plan, tokens)
+    return {"stage": runtime.stage, "before": before.tolist(), "after": net.embedding.weight.detach().tolist()}

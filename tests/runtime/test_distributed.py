@@ -7,7 +7,13 @@ import dataclasses
 import json
 
 import pytest
-from dist_workers import early_exit, gradient_check, hanging_rank, hf_gradient_check
+from dist_workers import (
+    early_exit,
+    gradient_check,
+    hanging_rank,
+    hf_gradient_check,
+    tied_embedding_after_steps,
+)
 
 from helpers import config
 from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
@@ -214,6 +220,32 @@ def test_tied_embedding_over_two_stages(layout):
     _check(results)
 
 
+def test_tied_embedding_copies_stay_equal_over_optimizer_steps():
+    """The first stage's embedding and the last stage's head copy take the same AdamW steps: after
+    three, they moved and are still bit for bit equal."""
+    first, last = spawn(tied_embedding_after_steps, 2, (_layout_plan(tied=True, pp=2), 3), timeout_s=120)
+    assert (first["stage"], last["stage"]) == (0, 1)
+    assert first["before"] == last["before"] and first["after"] != first["before"]
+    assert first["after"] == last["after"]
+
+
+def test_tied_embedding_under_tensor_parallelism():
+    """tp 2: the embedding's vocabulary rows are split over the ranks, and the head is the same
+    split matrix (its logits vocabulary-parallel), so each rank's shard gets both uses' gradient."""
+    results = spawn(gradient_check, 2, (_layout_plan(tied=True, tp=2), 6), timeout_s=120)
+    assert [r["position"][3] for r in results] == [0, 1]
+    _check(results)
+
+
+@pytest.mark.slow
+def test_tied_embedding_over_two_stages_under_tensor_parallelism():
+    """tp 2 x pp 2: each tp rank of the first stage sums its vocabulary shard with the same tp rank
+    of the last stage (ranks 0 and 2, 1 and 3)."""
+    results = spawn(gradient_check, 4, (_layout_plan(tied=True, tp=2, pp=2), 7), timeout_s=300)
+    assert [r["position"][1::2] for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    _check(results)
+
+
 @pytest.mark.slow
 def test_tied_embedding_over_two_stages_and_two_replicas():
     """pp 2 x dp 2: each replica's ends sum the embedding after each stage's all-reduce over the
@@ -255,6 +287,28 @@ def test_hugging_face_model_over_pp2_dp2(tmp_path):
     results = spawn(hf_gradient_check, 4, (plan, str(path), 0), timeout_s=300)
     assert sorted(r["position"][:2] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in results:
+        assert abs(r["loss"] - r["ref_loss"]) <= TRANSFORMERS_FLOAT64_TOLERANCE * abs(r["ref_loss"])
+        assert max(r["errors"].values()) < TRANSFORMERS_FLOAT64_TOLERANCE, r["errors"]
+
+
+def test_hugging_face_model_with_tied_embeddings_over_two_stages(tmp_path):
+    """transformers' Qwen2 with ``tie_word_embeddings`` (its ``lm_head`` is ``embed_tokens``) over pp 2,
+    a sliced sample with asymmetric groups: both ends hold the embedding's whole gradient."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48,
+                                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "vocab_size": 64, "tie_word_embeddings": True, "initializer_range": 0.2}))
+    s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
+    pipe = PipelinePlan(replicas=(0,), cp=1, forward=((s[0],), (s[1], s[3]), (s[2], s[4])),
+                        backward=((s[4],), (s[2], s[1]), (s[3], s[0])))
+    plan = Plan(config=config(pp=2, dp=1, model=str(path), max_context=256), strategy="hand",
+                samples=tuple(Sample(id=i, length=n) for i, n in enumerate((100, 30, 50))), pipelines=(pipe,))
+    assert plan.config.model.tie_embeddings
+    results = spawn(hf_gradient_check, 2, (plan, str(path), 0), timeout_s=300)
+    assert [r["position"][1] for r in results] == [0, 1]
+    for r in results:
+        assert "hf.model.embed_tokens.weight" in r["errors"]
         assert abs(r["loss"] - r["ref_loss"]) <= TRANSFORMERS_FLOAT64_TOLERANCE * abs(r["ref_loss"])
         assert max(r["errors"].values()) < TRANSFORMERS_FLOAT64_TOLERANCE, r["errors"]
 

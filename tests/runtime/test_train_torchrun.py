@@ -84,3 +84,18 @@ def test_dp_merge_pair_trains_its_outliers_sharded(tmp_path, monkeypatch):
     for first, second in zip(*spans, strict=True):  # every group split in two shares
         assert abs(first["args"]["tokens"] - second["args"]["tokens"]) <= 8
     assert sum(e["args"]["tokens"] for rank_spans in spans for e in rank_spans) == trained
+
+
+def test_tied_hugging_face_model_over_two_stages_under_torchrun(tmp_path, monkeypatch):
+    """transformers' Qwen2 with ``tie_word_embeddings`` trained 3 steps over pp 2: the first stage's
+    embedding and the last stage's head copy take the same optimizer steps, so every loss is the
+    one process's, bit for bit."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "qwen-tied.json"
+    path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48,
+                                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "vocab_size": 256, "tie_word_embeddings": True, "initializer_range": 0.2}))
+    flags = [*FLAGS, "--steps", "3", "--model", str(path)]
+    expected = _one_process(tmp_path, monkeypatch, flags)
+    records, _ = _two_processes(tmp_path, [*flags, "--pp", "2"])
+    assert [r["loss"] for r in records] == expected

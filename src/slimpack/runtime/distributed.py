@@ -48,6 +48,7 @@ from slimpack.runtime.model import ModelStage, Transformer
 from slimpack.runtime.p2p import PeerFailure, PipelineLinks
 from slimpack.runtime.precision import MixedPrecision
 from slimpack.runtime.tensor_parallel import (
+    like_parameter,
     local,
     loss_context,
     parallelize_model,
@@ -291,10 +292,14 @@ class RankRuntime:
                 g.copy_(flat[at:at + n].view_as(g))
                 at += n
         if self.tied_embedding is not None:
+            # both ends sum their shard of the vocabulary (under tp the embedding's own gradient
+            # comes out replicated by ``reduce_partial_gradients``, the head's split as the weight is)
+            weight = self.tied_embedding
+            weight.grad = like_parameter(weight.grad, weight)
             pos = self.position
             other = self.mesh.rank(pos.replica, self.mesh.pp - 1 - self.stage, cp_rank=pos.cp_rank, tp_rank=pos.tp_rank)
             with self.monitor.waiting(f"step {step}: the tied embedding's all-reduce", ranks_text([other])):
-                dist.all_reduce(self.tied_embedding.grad, group=self.groups.embedding_group)
+                dist.all_reduce(local(weight.grad), group=self.groups.embedding_group)
 
 
 def shutdown() -> None:

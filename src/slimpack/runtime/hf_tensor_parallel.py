@@ -60,7 +60,7 @@ def parallelize_hf_model(model: HFModel, tp_mesh: Any, *, vocab_parallel: bool =
     )
 
     tp = tp_mesh.size()
-    check_tensor_parallel(model.config, tp)
+    check_tensor_parallel(model.config, tp, transformers=True)
     if tp == 1:
         return model
     replicated = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),

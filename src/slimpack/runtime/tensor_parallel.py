@@ -45,15 +45,17 @@ from slimpack.config import Config, ModelConfig
 from slimpack.runtime.model import Transformer
 
 
-def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
-    """``ValueError`` unless the model splits into ``tp`` equal shards of whole heads."""
+def check_tensor_parallel(cfg: ModelConfig, tp: int, *, transformers: bool = False) -> None:
+    """``ValueError`` unless the model splits into ``tp`` equal shards of whole heads (and, on
+    transformers' layers, its head is not its embedding: slimpack's own head reads the split
+    embedding, but ``lm_head`` and ``embed_tokens`` would each split the one tied tensor)."""
     for what, count in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
                         ("MLP width", cfg.ffn_hidden), ("vocabulary", cfg.vocab_size)):
         if count % tp:
             raise ValueError(f"tp={tp} does not divide the model's {what} ({count})")
-    if cfg.tie_embeddings and tp > 1:
-        raise ValueError("tensor parallelism with tied embeddings is not supported (the head would be "
-                         "the vocabulary-split embedding)")
+    if transformers and cfg.tie_embeddings and tp > 1:
+        raise ValueError(f"tp={tp} with tied embeddings runs on slimpack's own layers only: transformers' "
+                         f"lm_head and embed_tokens would each split the one tied tensor")
 
 
 def check_sequence_parallel(config: Config) -> None:
@@ -104,10 +106,12 @@ def parallelize_model(model: Transformer, tp_mesh: Any, *, vocab_parallel: bool 
         block.num_heads //= tp
         block.num_kv_heads //= tp
     head_output = Shard(-1) if vocab_parallel else Replicate()
-    parallelize_module(model, tp_mesh, {
-        "embedding": RowwiseParallel(input_layouts=Replicate()),
-        "final_norm": SequenceParallel(sequence_dim=0),
-        "head": ColwiseParallel(output_layouts=head_output, use_local_output=not vocab_parallel)})
+    plan = {"embedding": RowwiseParallel(input_layouts=Replicate()), "final_norm": SequenceParallel(sequence_dim=0)}
+    if model.head is not None:
+        plan["head"] = ColwiseParallel(output_layouts=head_output, use_local_output=not vocab_parallel)
+    # a tied head is the embedding, whose rows (the vocabulary) are already split: its logits come
+    # out split over the vocabulary, as the untied head's do with ``vocab_parallel``
+    parallelize_module(model, tp_mesh, plan)
     model.final_norm.register_forward_hook(_gather_norm_output)
     return model
 
@@ -209,6 +213,16 @@ def reduce_partial_gradients(params: Iterable[torch.Tensor]) -> None:
     for p in params:
         if isinstance(p.grad, DTensor) and any(placement.is_partial() for placement in p.grad.placements):
             p.grad = p.grad.redistribute(placements=[Replicate()])
+
+
+def like_parameter(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``grad`` laid out over the tp ranks as ``param`` is (a replicated gradient of a sharded
+    parameter keeps this rank's shard, without communication)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements:
+        return grad.redistribute(placements=param.placements)
+    return grad
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
