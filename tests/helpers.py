@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -101,3 +103,16 @@ def edited(data: dict, path: tuple, value: object) -> dict:
     else:
         parent[path[-1]] = value
     return data
+
+
+TINY_HF = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 64, "tie_word_embeddings": False, "initializer_range": 0.2}
+"""A tiny Hugging Face config's fields (with its ``model_type``). initializer_range 0.2 (not the
+usual 0.02): attention patterns far from uniform, so a wrong mask, position or prefix changes the
+numbers."""
+
+
+def write_hf_config(path: Path, model_type: str = "llama", **fields: object) -> str:
+    """A tiny config.json of ``model_type`` (``TINY_HF`` with ``fields`` over it) at ``path``."""
+    path.write_text(json.dumps({"model_type": model_type, **TINY_HF, **fields}))
+    return str(path)

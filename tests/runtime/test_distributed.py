@@ -4,7 +4,6 @@ parameter gradient equal the single-process run of the same plan; a dead rank fa
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 from dist_workers import (
@@ -15,7 +14,7 @@ from dist_workers import (
     tied_embedding_after_steps,
 )
 
-from helpers import config
+from helpers import config, write_hf_config
 from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.runtime.launch import LaunchError, spawn
@@ -66,15 +65,25 @@ def _merged_plan() -> Plan:
     return plan
 
 
-def _asymmetric_plan() -> Plan:
-    """pp 2, dp 1: sample 0 in three slices, forward and backward grouped differently."""
+def _asymmetric_pipeline() -> PipelinePlan:
+    """Replica 0: sample 0 (100 tokens) in three slices beside samples 1 (30) and 2 (50), forward and
+    backward grouped differently."""
     s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
-    forward = ((s[0],), (s[1], s[3]), (s[2], s[4]))
-    backward = ((s[4],), (s[2], s[1]), (s[3], s[0]))
-    pipe = PipelinePlan(replicas=(0,), cp=1, forward=forward, backward=backward)
+    return PipelinePlan(replicas=(0,), cp=1, forward=((s[0],), (s[1], s[3]), (s[2], s[4])),
+                        backward=((s[4],), (s[2], s[1]), (s[3], s[0])))
+
+
+def _asymmetric_plan(model: str = "tiny") -> Plan:
+    """pp 2, dp 1: ``_asymmetric_pipeline``."""
     samples = (Sample(id=0, length=100), Sample(id=1, length=30), Sample(id=2, length=50))
-    return Plan(config=config(pp=2, dp=1, model="tiny", max_context=256), strategy="hand", samples=samples,
-                pipelines=(pipe,))
+    return Plan(config=config(pp=2, dp=1, model=model, max_context=256), strategy="hand", samples=samples,
+                pipelines=(_asymmetric_pipeline(),))
+
+
+def _check_hf(results: list[dict]) -> None:
+    for r in results:
+        assert abs(r["loss"] - r["ref_loss"]) <= TRANSFORMERS_FLOAT64_TOLERANCE * abs(r["ref_loss"])
+        assert max(r["errors"].values()) < TRANSFORMERS_FLOAT64_TOLERANCE, r["errors"]
 
 
 def _check(results: list[dict]) -> float:
@@ -270,47 +279,31 @@ def test_hugging_face_model_over_pp2_dp2(tmp_path):
     """transformers' Llama on 4 ranks (pp 2 x dp 2), both pipelines sliced with asymmetric groups:
     loss and every gradient equal the model's own unpacked run of every sample."""
     pytest.importorskip("transformers")
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "intermediate_size": 48,
-                                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                "vocab_size": 64, "tie_word_embeddings": False, "initializer_range": 0.2}))
-    s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
-    sliced = PipelinePlan(replicas=(0,), cp=1, forward=((s[0],), (s[1], s[3]), (s[2], s[4])),
-                          backward=((s[4],), (s[2], s[1]), (s[3], s[0])))
+    path = write_hf_config(tmp_path / "config.json")
+    sliced = _asymmetric_pipeline()
     t = [Slice(3, 0, 25), Slice(3, 25, 60), Slice(4, 0, 45), Slice(4, 45, 48)]
     other = PipelinePlan(replicas=(1,), cp=1, forward=((t[0], t[2]), (t[1], t[3])),
                          backward=((t[3],), (t[1], t[2]), (t[0],)))
     lengths = (100, 30, 50, 60, 48)
-    plan = Plan(config=config(pp=2, dp=2, model=str(path), max_context=256), strategy="hand",
+    plan = Plan(config=config(pp=2, dp=2, model=path, max_context=256), strategy="hand",
                 samples=tuple(Sample(id=i, length=n) for i, n in enumerate(lengths)), pipelines=(sliced, other))
     assert not any(p.symmetric for p in plan.pipelines)
-    results = spawn(hf_gradient_check, 4, (plan, str(path), 0), timeout_s=300)
+    results = spawn(hf_gradient_check, 4, (plan, path, 0), timeout_s=300)
     assert sorted(r["position"][:2] for r in results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    for r in results:
-        assert abs(r["loss"] - r["ref_loss"]) <= TRANSFORMERS_FLOAT64_TOLERANCE * abs(r["ref_loss"])
-        assert max(r["errors"].values()) < TRANSFORMERS_FLOAT64_TOLERANCE, r["errors"]
+    _check_hf(results)
 
 
 def test_hugging_face_model_with_tied_embeddings_over_two_stages(tmp_path):
     """transformers' Qwen2 with ``tie_word_embeddings`` (its ``lm_head`` is ``embed_tokens``) over pp 2,
     a sliced sample with asymmetric groups: both ends hold the embedding's whole gradient."""
     pytest.importorskip("transformers")
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48,
-                                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                "vocab_size": 64, "tie_word_embeddings": True, "initializer_range": 0.2}))
-    s = [Slice(0, 0, 40), Slice(0, 40, 70), Slice(0, 70, 100), Slice(1, 0, 30), Slice(2, 0, 50)]
-    pipe = PipelinePlan(replicas=(0,), cp=1, forward=((s[0],), (s[1], s[3]), (s[2], s[4])),
-                        backward=((s[4],), (s[2], s[1]), (s[3], s[0])))
-    plan = Plan(config=config(pp=2, dp=1, model=str(path), max_context=256), strategy="hand",
-                samples=tuple(Sample(id=i, length=n) for i, n in enumerate((100, 30, 50))), pipelines=(pipe,))
+    path = write_hf_config(tmp_path / "config.json", "qwen2", tie_word_embeddings=True)
+    plan = _asymmetric_plan(model=path)
     assert plan.config.model.tie_embeddings
-    results = spawn(hf_gradient_check, 2, (plan, str(path), 0), timeout_s=300)
+    results = spawn(hf_gradient_check, 2, (plan, path, 0), timeout_s=300)
     assert [r["position"][1] for r in results] == [0, 1]
-    for r in results:
-        assert "hf.model.embed_tokens.weight" in r["errors"]
-        assert abs(r["loss"] - r["ref_loss"]) <= TRANSFORMERS_FLOAT64_TOLERANCE * abs(r["ref_loss"])
-        assert max(r["errors"].values()) < TRANSFORMERS_FLOAT64_TOLERANCE, r["errors"]
+    assert all("hf.model.embed_tokens.weight" in r["errors"] for r in results)  # each end holds the tied tensor
+    _check_hf(results)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import write_hf_config
 from slimpack.cli.main import main
 from slimpack.config.defaults import RUNTIME_CONFIG
 
@@ -91,11 +92,8 @@ def test_tied_hugging_face_model_over_two_stages_under_torchrun(tmp_path, monkey
     embedding and the last stage's head copy take the same optimizer steps, so every loss is the
     one process's, bit for bit."""
     pytest.importorskip("transformers")
-    path = tmp_path / "qwen-tied.json"
-    path.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48,
-                                "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                "vocab_size": 256, "tie_word_embeddings": True, "initializer_range": 0.2}))
-    flags = [*FLAGS, "--steps", "3", "--model", str(path)]
+    path = write_hf_config(tmp_path / "qwen-tied.json", "qwen2", tie_word_embeddings=True, vocab_size=256)
+    flags = [*FLAGS, "--steps", "3", "--model", path]
     expected = _one_process(tmp_path, monkeypatch, flags)
     records, _ = _two_processes(tmp_path, [*flags, "--pp", "2"])
     assert [r["loss"] for r in records] == expected
