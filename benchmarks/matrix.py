@@ -51,19 +51,20 @@ def cell_key(dataset: str, model: str, context: int, size: str, per_gpu: int) ->
     return f"{dataset} / {model} / {context // 1024}K / {size} / {per_gpu // 1024}K per GPU"
 
 
-def run_cell(dataset: str, model: str, context: int, size: str, per_gpu: int, window: Window) -> dict:
+def run_cell(dataset: str, model: str, context: int, size: str, per_gpu: int, window: Window, *,
+             cut_documents: bool = False) -> dict:
     parallel, recompute = layout(model, context, size)
     config = build_config(model=model, gpu="h100-sxm", parallel=parallel,
                           train=TrainConfig(max_context=context,
                                             global_batch_tokens=max(per_gpu * parallel.num_devices, context),
-                                            recompute=recompute))
+                                            recompute=recompute, cut_documents=cut_documents))
     began = time.perf_counter()
     rows = [row.to_dict() for row in compare(config, load_dataset(dataset), list(STRATEGIES), window).table()]
     return {"key": cell_key(dataset, model, context, size, per_gpu), "dataset": dataset, "model": model,
             "context": context, "size": size, "tokens_per_gpu": per_gpu,
             "layout": f"tp{parallel.tp} pp{parallel.pp} cp{parallel.cp} dp{parallel.dp} = {parallel.num_devices} GPUs",
             "batch_tokens": config.train.global_batch_tokens, "recompute": recompute, "window": window.to_dict(),
-            "seconds": time.perf_counter() - began, "rows": rows}
+            "cut_documents": cut_documents, "seconds": time.perf_counter() - began, "rows": rows}
 
 
 def fitting_baselines(cell: dict, *, whole_documents: bool = False) -> list[dict]:
@@ -177,6 +178,23 @@ strategy alike:
 """
 
 
+WHOLE_BASIS = (
+    "Basis: efficiency = ideal step time / simulated step time, the ideal being the whole documents' "
+    "training work (unsliced, no overheads, at full kernel efficiency) over the GPUs, the same for every "
+    "strategy on the same documents; a ratio of efficiencies is a ratio of useful work per second. "
+    "`extra work` = the plan's own modelled work over that ideal (slicing, per-call costs, communication). "
+    "`vs fixed` = tokens/s over Megatron-style fixed-length packing. `fixed` and `slimpipe` cut documents "
+    "at sequence boundaries (the pieces do not attend to each other); their efficiency is still counted "
+    "on the whole documents. Recomputation: none for 7B/8B, full for 70B.\n\n")
+CUT_BASIS = (
+    "Basis: every strategy trains the same pieces, the batch cut where Megatron-style fixed-length "
+    "sequences end (`--cut-documents`, as `fixed` and `slimpipe` cut it themselves), so all do the same "
+    "attention work; efficiency = ideal step time / simulated step time, the ideal being the pieces' "
+    "training work (unsliced, no overheads, at full kernel efficiency) over the GPUs. `extra work` = the "
+    "plan's own modelled work over that ideal. `vs fixed` = tokens/s over fixed-length packing. "
+    "Recomputation: none for 7B/8B, full for 70B.\n\n")
+
+
 def write(cells: list[dict], out: Path, command: str, window: dict) -> None:
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | head -1"], capture_output=True, text=True).stdout
     header = (
@@ -187,13 +205,7 @@ def write(cells: list[dict], out: Path, command: str, window: dict) -> None:
         f"in one run: {window['warmup_steps']} warm-up steps, then a measured window of {window['steps']} steps; "
         "work a strategy defers is carried across the window (its drain is not in the figures; `held after "
         "window` says how much it still held).\n\n"
-        "Basis: efficiency = ideal step time / simulated step time, the ideal being the whole documents' "
-        "training work (unsliced, no overheads, at full kernel efficiency) over the GPUs, the same for every "
-        "strategy on the same documents; a ratio of efficiencies is a ratio of useful work per second. "
-        "`extra work` = the plan's own modelled work over that ideal (slicing, per-call costs, communication). "
-        "`vs fixed` = tokens/s over Megatron-style fixed-length packing. `fixed` and `slimpipe` cut documents "
-        "at sequence boundaries (the pieces do not attend to each other); their efficiency is still counted "
-        "on the whole documents. Recomputation: none for 7B/8B, full for 70B.\n\n"
+        + (CUT_BASIS if any(c.get("cut_documents") for c in cells) else WHOLE_BASIS) +
         f"Reproduce: `{command}` (planning ran on: {cpu.split(':')[-1].strip() or platform.processor()}).\n\n"
         + CHANGES +
         "## Overview\n\n" + overview(cells) + "\n\n"
@@ -235,6 +247,9 @@ def main() -> int:
                         help="cells are written here after each one; cells already in it are not re-run")
     parser.add_argument("--out", default="docs/RESULTS.md")
     parser.add_argument("--from-json", help="comma list of JSON files: write --out from their cells, no planning")
+    parser.add_argument("--cut-documents", action="store_true",
+                        help="every strategy trains the pieces fixed-length packing cuts (one work basis with "
+                             "fixed and slimpipe); keep its cells apart with --json and --out")
     args = parser.parse_args()
     window = Window(warmup_steps=args.warmup, steps=args.steps)
     if args.from_json:
@@ -250,7 +265,7 @@ def main() -> int:
     for k, cell_args in enumerate(grid, 1):
         if cell_key(*cell_args) in done:
             continue
-        cell = run_cell(*cell_args, window)
+        cell = run_cell(*cell_args, window, cut_documents=args.cut_documents)
         cells.append(cell)
         Path(args.json).write_text(json.dumps(cells, indent=1, default=str) + "\n")
         print(f"[{k}/{len(grid)}] {summary_row(cell)} ({cell['seconds']:.0f} s)", flush=True)
