@@ -5,6 +5,10 @@ comparison protocol's window (2 warm-up steps, 8 measured; the issue's runs were
 that flatters the deferring WLB-LLM on tokens/s).
 
     python benchmarks/reported_commands.py [--only 1,3] [--warmup 2] [--steps 8] [--extra="--cut-documents"]
+    python benchmarks/reported_commands.py --set tied   # the small presets whose LM head is their embedding
+
+``--set tied`` runs the same way over the Llama 3.2 and Qwen2.5 1.5-3B presets, which tie their head to
+their embedding (over a pipeline the last stage holds a copy of it), at 16-32 GPUs.
 
 Prints one markdown row per command: SlimPack's tokens/s and efficiency, its out-of-memory steps,
 the best baseline by tokens/s and by efficiency (fitting in memory), and the ratios. Simulated with
@@ -29,6 +33,16 @@ COMMANDS = (
     "--model llama2-70b --tp 8 --pp 8 --vpp 2 --dp 1 --max-context 64K --global-batch-tokens 4M --recompute full",
     "--model llama3-8b --tp 4 --pp 4 --dp 4 --max-context 32K --global-batch-tokens 4M --dataset pydocs",
 )
+TIED_COMMANDS = (
+    "--model llama3.2-1b --tp 1 --pp 2 --dp 8 --max-context 64K --global-batch-tokens 2M",
+    "--model llama3.2-1b --tp 1 --pp 2 --cp 2 --dp 4 --max-context 64K --global-batch-tokens 2M",
+    "--model llama3.2-1b --tp 2 --pp 1 --dp 8 --max-context 32K --global-batch-tokens 2M --dataset cpython",
+    "--model llama3.2-3b --tp 4 --pp 2 --dp 2 --max-context 64K --global-batch-tokens 2M --dataset textbooks",
+    "--model qwen2.5-1.5b --tp 1 --pp 4 --dp 4 --max-context 32K --global-batch-tokens 1M --dataset pydocs",
+    "--model qwen2.5-3b --tp 2 --pp 4 --vpp 2 --dp 2 --max-context 64K --global-batch-tokens 2M --stage-layers balanced",
+    "--model qwen2.5-3b --tp 2 --pp 2 --cp 2 --dp 2 --max-context 256K --global-batch-tokens 4M --dataset wlbllm",
+)
+SETS = {"issue12": COMMANDS, "tied": TIED_COMMANDS}
 
 
 def run(command: str, warmup: int, steps: int) -> dict:
@@ -65,13 +79,15 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--extra", default="", help="flags added to every command, e.g. --extra=--cut-documents")
+    parser.add_argument("--set", choices=list(SETS), default="issue12", help="which commands (default: issue 12's)")
     args = parser.parse_args()
-    chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(COMMANDS) + 1)
+    commands = SETS[args.set]
+    chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(commands) + 1)
     print("| # | `slimpack compare` ... | SlimPack tokens/s | efficiency | SlimPack steps out of memory | "
           "best baseline by tokens/s | SlimPack / it | best baseline by efficiency | SlimPack / it | wall s |")
     print("|---:|---|---:|---:|---|---|---:|---|---:|---:|")
     for index in chosen:
-        command = f"{COMMANDS[index - 1]} {args.extra}".strip()
+        command = f"{commands[index - 1]} {args.extra}".strip()
         print(row(index, command, run(command, args.warmup, args.steps)), flush=True)
     return 0
 

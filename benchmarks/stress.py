@@ -22,7 +22,7 @@ comparison with them each cell also has SlimPack planning those same pieces (``s
     python benchmarks/stress.py --cells 200 --cut-documents --out docs/stress-cut  # every strategy on the pieces
 
 ``--wide`` draws from a wider space than the sweep's, for probes outside its band (results kept
-apart with ``--out``/``--doc``): every model preset but the tiny one, the H100, H200 and A100-80G
+apart with ``--out``/``--doc``): every model preset of 7B and up, the H100, H200 and A100-80G
 presets, synthetic corpora (``slimpack.data.synthetic``: median 128-32K tokens, lognormal sigma
 0.5-2, a Pareto tail of 0-50% with shape 0.5-2, cut at the context or twice it) beside the bundled
 ones, contexts 4K-512K, 8K-1M tokens per GPU, pp up to 16, vpp up to 4, cp up to 8, dp up to 16.

@@ -25,6 +25,7 @@ def checkpoint_dir(tmp_path: Path, fixture: str) -> Path:
 @pytest.mark.parametrize(("fixture", "preset"), [
     ("Meta-Llama-3-8B.json", "llama3-8b"), ("Meta-Llama-3-70B.json", "llama3-70b"),
     ("Qwen2.5-7B.json", "qwen2.5-7b"), ("Qwen2.5-72B.json", "qwen2.5-72b"),
+    ("Llama-3.2-1B.json", "llama3.2-1b"), ("Qwen2.5-1.5B.json", "qwen2.5-1.5b"),  # tied heads
 ])
 def test_published_config_gives_the_matching_preset(tmp_path, fixture, preset):
     model = resolve_model(str(checkpoint_dir(tmp_path, fixture)))

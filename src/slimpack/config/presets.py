@@ -1,7 +1,8 @@
 """Named presets: model shapes from the published configs, GPUs from NVIDIA datasheets.
 
 Model shapes: Llama 2 (Touvron et al., 2023, Table 1 and the released config.json files), Llama 3
-(Meta's released config.json), Qwen2.5 (Qwen team, 2024, Table 1 / config.json).
+and Llama 3.2 (Meta's released config.json), Qwen2.5 (Qwen team, 2024, Table 1 / config.json). The
+small Llama 3.2 and Qwen2.5 models tie their LM head to the input embedding.
 
 GPU figures (dense bf16, i.e. without 2:4 sparsity; link speeds per direction):
 - H100 SXM5: 989.4 TFLOP/s, 80 GB HBM3 (nvidia-smi: 81559 MiB), 3.35 TB/s, NVLink 4 900 GB/s
@@ -36,6 +37,14 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
                     ffn_hidden=14336, vocab_size=128256),
         ModelConfig(name="llama3-70b", num_layers=80, hidden=8192, num_heads=64, num_kv_heads=8,
                     ffn_hidden=28672, vocab_size=128256),
+        ModelConfig(name="llama3.2-1b", num_layers=16, hidden=2048, num_heads=32, num_kv_heads=8,
+                    ffn_hidden=8192, vocab_size=128256, tie_embeddings=True),
+        ModelConfig(name="llama3.2-3b", num_layers=28, hidden=3072, num_heads=24, num_kv_heads=8,
+                    ffn_hidden=8192, vocab_size=128256, tie_embeddings=True),
+        ModelConfig(name="qwen2.5-1.5b", num_layers=28, hidden=1536, num_heads=12, num_kv_heads=2,
+                    ffn_hidden=8960, vocab_size=151936, tie_embeddings=True),
+        ModelConfig(name="qwen2.5-3b", num_layers=36, hidden=2048, num_heads=16, num_kv_heads=2,
+                    ffn_hidden=11008, vocab_size=151936, tie_embeddings=True),
         ModelConfig(name="qwen2.5-7b", num_layers=28, hidden=3584, num_heads=28, num_kv_heads=4,
                     ffn_hidden=18944, vocab_size=152064),
         ModelConfig(name="qwen2.5-32b", num_layers=64, hidden=5120, num_heads=40, num_kv_heads=8,
