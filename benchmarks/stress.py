@@ -22,7 +22,7 @@ comparison with them each cell also has SlimPack planning those same pieces (``s
     python benchmarks/stress.py --cells 200 --cut-documents --out docs/stress-cut  # every strategy on the pieces
 
 ``--wide`` draws from a wider space than the sweep's, for probes outside its band (results kept
-apart with ``--out``/``--doc``): every model preset of 7B and up, the H100, H200 and A100-80G
+apart with ``--out``/``--doc``): every model preset of 7B and up (``--models`` names others), the H100, H200 and A100-80G
 presets, synthetic corpora (``slimpack.data.synthetic``: median 128-32K tokens, lognormal sigma
 0.5-2, a Pareto tail of 0-50% with shape 0.5-2, cut at the context or twice it) beside the bundled
 ones, contexts 4K-512K, 8K-1M tokens per GPU, pp up to 16, vpp up to 4, cp up to 8, dp up to 16.
@@ -80,8 +80,9 @@ WIDE_MODELS = ("llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b
 WIDE_GPUS = ("h100-sxm", "h200", "a100-80g")
 
 
-def draw_wide_cell(seed: int, index: int) -> dict:
-    """A cell of the ``--wide`` space (see the module docstring): a pure function of (seed, index)."""
+def draw_wide_cell(seed: int, index: int, models: tuple[str, ...] = WIDE_MODELS) -> dict:
+    """A cell of the ``--wide`` space (see the module docstring): a pure function of (seed, index)
+    and the models drawn from."""
     rng = random.Random(seed * 7919 + index)
 
     def draw() -> dict:
@@ -92,7 +93,7 @@ def draw_wide_cell(seed: int, index: int) -> dict:
                        f"sigma={rng.choice((0.5, 1.0, 2.0))},tail_share={rng.choice((0.0, 0.02, 0.2, 0.5))},"
                        f"tail_alpha={rng.choice((0.5, 1.1, 2.0))},max_length={context * rng.choice((1, 2))},"
                        f"seed={rng.randrange(1000)}")
-        return {"index": index, "dataset": dataset, "model": rng.choice(WIDE_MODELS), "gpu": rng.choice(WIDE_GPUS),
+        return {"index": index, "dataset": dataset, "model": rng.choice(models), "gpu": rng.choice(WIDE_GPUS),
                 "context": context, "tokens_per_gpu": rng.choice((8192, *TOKENS_PER_GPU, 2**20)),
                 "tp": rng.choice((1, 2, 4, 8)), "pp": rng.choice((1, 2, 4, 8, 16)), "vpp": rng.choice((1, 1, 2, 3, 4)),
                 "cp": rng.choice((1, 1, 2, 4, 8)), "dp": rng.choice((1, 2, 4, 8, 16)),
@@ -528,6 +529,8 @@ def main() -> int:
                              "part where another commit ran it or none did")
     parser.add_argument("--wide", action="store_true",
                         help="draw new cells from the wider space of the docstring (a probe outside the sweep's band)")
+    parser.add_argument("--models", help="with --wide: comma list of the model presets to draw from (default: "
+                                         f"{','.join(WIDE_MODELS)})")
     parser.add_argument("--cut-documents", action="store_true",
                         help="draw the cells with TrainConfig.cut_documents: every strategy trains the pieces of the "
                              "fixed-length cut (one work basis; keep the results apart with --out/--doc)")
@@ -551,6 +554,7 @@ def main() -> int:
         where = "".join(f" --{name} {getattr(args, name)}" for name in ("out", "doc")
                         if getattr(args, name) != parser.get_default(name))
         where += " --wide" if any("gpu" in c for c in cells) else ""
+        where += f" --models {args.models}" if args.models else ""
         where += " --cut-documents" if any(c.get("cut_documents") for c in cells) else ""
         Path(args.doc).write_text(report(cells, f"python benchmarks/stress.py --cells {args.cells} --seed {args.seed}{where}"))
         print(json.dumps({"every baseline": summarize(cells), "whole-document": summarize(cells, WHOLE_DOCUMENT),
@@ -568,7 +572,8 @@ def main() -> int:
         path = out / f"cell-{index:04d}.json"
         if path.exists():
             continue
-        cell = draw_wide_cell(args.seed, index) if args.wide else draw_cell(args.seed, index)
+        models = tuple(args.models.split(",")) if args.models else WIDE_MODELS
+        cell = draw_wide_cell(args.seed, index, models) if args.wide else draw_cell(args.seed, index)
         if args.cut_documents:
             cell["cut_documents"] = True
         result = run_cell(cell) | {"commit": head_commit()}
