@@ -68,7 +68,7 @@ def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
     from slimpack.runtime.distributed import RankRuntime
     from slimpack.runtime.mesh import Mesh
     from slimpack.runtime.model import build_model
-    from slimpack.runtime.tensor_parallel import full
+    from slimpack.runtime.tensor_parallel import full, local
     from slimpack.runtime.verify import plan_lengths, random_tokens
 
     config = _tiny(plan)
@@ -82,6 +82,7 @@ def gradient_check(rank: int, world_size: int, plan: Plan, seed: int) -> dict:
     ref_loss, ref = _reference_grads(plan, seed)
     unsliced_loss, unsliced = _unsliced_grads(plan, seed)
     return {"loss": result.loss, "ref_loss": ref_loss, "errors": _errors(grads, ref),
+            "whole_gradients": [names[id(p)] for p in runtime.parameters if local(p.grad).shape != local(p).shape],
             "unsliced_loss": unsliced_loss, "unsliced_errors": _errors(grads, unsliced), "stage": runtime.stage,
             "replica": runtime.replica, "actions": sum(s.kind in "FB" for s in result.spans),
             "position": tuple(runtime.position), "rows": sum(s.tokens for s in result.spans if s.kind == "F")}

@@ -48,7 +48,7 @@ from slimpack.runtime.model import ModelStage, Transformer
 from slimpack.runtime.p2p import PeerFailure, PipelineLinks
 from slimpack.runtime.precision import MixedPrecision
 from slimpack.runtime.tensor_parallel import (
-    like_parameter,
+    keep_gradients_sharded,
     local,
     loss_context,
     parallelize_model,
@@ -119,7 +119,13 @@ class RankRuntime:
         self.replica, self.stage = self.position.replica, self.position.stage
         self.groups = groups or build_process_groups(mesh, tied_embeddings=model.config.tie_embeddings)
         if mesh.tp > 1:
-            (parallelize_model if isinstance(model, Transformer) else parallelize_hf_model)(model, self.groups.tp_mesh)
+            parallelize = parallelize_model if isinstance(model, Transformer) else parallelize_hf_model
+            parallelize(model, self.groups.tp_mesh)
+            if precision is not None:  # the master weights split as their compute copy is
+                parallelize(precision.master, self.groups.tp_mesh)
+                precision.pair()
+            else:
+                keep_gradients_sharded(model.parameters())
         self.num_chunks = mesh.pp * virtual_stages
         chunks = model.split(self.num_chunks, stage_layers)
         self.chunk_ids = [c * mesh.pp + self.stage for c in range(virtual_stages)]
@@ -292,10 +298,7 @@ class RankRuntime:
                 g.copy_(flat[at:at + n].view_as(g))
                 at += n
         if self.tied_embedding is not None:
-            # both ends sum their shard of the vocabulary (under tp the embedding's own gradient
-            # comes out replicated by ``reduce_partial_gradients``, the head's split as the weight is)
-            weight = self.tied_embedding
-            weight.grad = like_parameter(weight.grad, weight)
+            weight = self.tied_embedding  # its gradient is split as it is: both ends sum their shard
             pos = self.position
             other = self.mesh.rank(pos.replica, self.mesh.pp - 1 - self.stage, cp_rank=pos.cp_rank, tp_rank=pos.tp_rank)
             with self.monitor.waiting(f"step {step}: the tied embedding's all-reduce", ranks_text([other])):

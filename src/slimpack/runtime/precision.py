@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from slimpack.runtime.tensor_parallel import like_parameter
+
 
 class MixedPrecision:
     def __init__(self, master: nn.Module, compute_dtype: torch.dtype = torch.bfloat16) -> None:
@@ -25,10 +27,20 @@ class MixedPrecision:
         self.master = master
         # deepcopy keeps tied parameters tied, so both lists hold each parameter once, in one order
         self.compute = copy.deepcopy(master).to(compute_dtype)
-        self.pairs = list(zip(self.compute.parameters(), master.parameters(), strict=True))
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self.pair()
+
+    def pair(self) -> None:
+        """Pair each compute parameter with its master and hook its gradient into the master's; again
+        after tensor parallelism has replaced both models' parameters with their shards (the hooks
+        made before are removed first: a parameter it left in place, such as transformers' replicated
+        norms, would otherwise move its gradient twice)."""
+        for hook in self._hooks:
+            hook.remove()
+        self.pairs = list(zip(self.compute.parameters(), self.master.parameters(), strict=True))
         self._master_of = {id(c): m for c, m in self.pairs}
-        for compute_param, master_param in self.pairs:
-            compute_param.register_post_accumulate_grad_hook(_into(master_param))
+        self._hooks = [compute_param.register_post_accumulate_grad_hook(_into(master_param))
+                       for compute_param, master_param in self.pairs]
 
     def masters(self, compute_params: list[nn.Parameter]) -> list[nn.Parameter]:
         """The master parameter of each compute parameter."""
@@ -44,7 +56,7 @@ class MixedPrecision:
 def _into(master: nn.Parameter) -> Callable[[torch.Tensor], None]:
     def hook(param: torch.Tensor) -> None:
         assert param.grad is not None
-        grad = param.grad.to(master.dtype)
+        grad = like_parameter(param.grad, master).to(master.dtype)  # a split master keeps a split gradient
         master.grad = grad if master.grad is None else master.grad.add_(grad)
         param.grad = None
     return hook

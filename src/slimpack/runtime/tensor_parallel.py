@@ -225,6 +225,20 @@ def like_parameter(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return grad
 
 
+def keep_gradients_sharded(params: Iterable[torch.nn.Parameter]) -> None:
+    """Store each split parameter's gradient as its own split (``like_parameter``) as soon as
+    autograd has accumulated it: the vocabulary-split embedding's backward yields the whole table's
+    gradient on every rank, which would otherwise stay (tp - 1)/tp of the embedding larger than the
+    rank's share of the model states that the memory model counts."""
+    for param in params:
+        param.register_post_accumulate_grad_hook(_to_own_layout)
+
+
+def _to_own_layout(param: torch.Tensor) -> None:
+    assert param.grad is not None
+    param.grad = like_parameter(param.grad, param)
+
+
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (a view: writing into it writes the DTensor), else the tensor."""
     from torch.distributed.tensor import DTensor
