@@ -15,7 +15,8 @@ from dist_workers import (
 )
 
 from helpers import config, write_hf_config
-from slimpack.config import ParallelConfig, TrainConfig, build_config, model_preset
+from slimpack.config import ParallelConfig, TrainConfig, build_config
+from slimpack.config.hf import resolve_model
 from slimpack.plan.types import PipelinePlan, Plan, Sample, Slice
 from slimpack.runtime.launch import LaunchError, spawn
 from slimpack.runtime.mesh import Mesh
@@ -33,10 +34,10 @@ def _slimpack_plan(pp: int, dp: int) -> Plan:
     return make_planner("slimpack", cfg).plan(batch, step=0)
 
 
-def _layout_plan(*, tied: bool = False, **parallel: int) -> Plan:
-    """A SlimPack plan of the tiny model (its embedding tied as the LM head with ``tied``) for a
-    tp/cp/pp/dp layout."""
-    model = dataclasses.replace(model_preset("tiny"), tie_embeddings=tied)
+def _layout_plan(*, tied: bool = False, model: str = "tiny", **parallel: int) -> Plan:
+    """A SlimPack plan of ``model`` (the tiny one by default, its embedding tied as the LM head with
+    ``tied``) for a tp/cp/pp/dp layout."""
+    model = dataclasses.replace(resolve_model(model), tie_embeddings=tied or resolve_model(model).tie_embeddings)
     cfg = build_config(model=model, parallel=ParallelConfig(**parallel),
                        train=TrainConfig(max_context=256, global_batch_tokens=512))
     return make_planner("slimpack", cfg).plan([Sample(id=i, length=n) for i, n in enumerate(LENGTHS)], step=0)
@@ -304,6 +305,19 @@ def test_hugging_face_model_with_tied_embeddings_over_two_stages(tmp_path):
     results = spawn(hf_gradient_check, 2, (plan, path, 0), timeout_s=300)
     assert [r["position"][1] for r in results] == [0, 1]
     assert all("hf.model.embed_tokens.weight" in r["errors"] for r in results)  # each end holds the tied tensor
+    _check_hf(results)
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "pp": 2}])
+def test_hugging_face_model_with_tied_embeddings_under_tensor_parallelism(tmp_path, layout):
+    """transformers' tied Qwen2 at tp 2 (and tp 2 x pp 2): ``embed_tokens`` is split once by
+    vocabulary rows and ``lm_head`` re-tied to the split tensor, its logits vocabulary-parallel."""
+    pytest.importorskip("transformers")
+    path = write_hf_config(tmp_path / "config.json", "qwen2", tie_word_embeddings=True)
+    plan = _layout_plan(model=path, **layout)
+    results = spawn(hf_gradient_check, 2 * layout.get("pp", 1), (plan, path, 0), timeout_s=300)
+    assert all("hf.model.embed_tokens.weight" in r["errors"] for r in results)
+    assert all(r["shards"]["hf.model.embed_tokens.weight"] == (32, 32) for r in results)  # 64 rows split in two
     _check_hf(results)
 
 

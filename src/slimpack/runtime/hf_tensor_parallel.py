@@ -21,7 +21,8 @@ Megatron split ``tensor_parallel`` applies to the home-made model, on the Huggin
 - ``embed_tokens``: vocabulary rows split (row-wise; the partial lookups all-reduced); ``lm_head``:
   vocabulary columns split, the logits left sharded for ``tensor_parallel.loss_context``'s
   vocabulary-parallel cross-entropy (``vocab_parallel=True``, as the home-made model, measured
-  faster and smaller in docs/runtime.md) or all-gathered.
+  faster and smaller in docs/runtime.md) or all-gathered. A tied ``lm_head`` is re-tied to the split
+  embedding (its output columns are the embedding's rows), with only its input and output laid out.
 
 Collectives per layer and cell: forward 2 all-reduces of the (T, E) activation (after ``o_proj``
 and ``down_proj``), backward 2 (the norms' output gradients). No sequence parallelism: the norms and
@@ -54,13 +55,14 @@ def parallelize_hf_model(model: HFModel, tp_mesh: Any, *, vocab_parallel: bool =
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInputOutput,
         PrepareModuleOutput,
         RowwiseParallel,
         parallelize_module,
     )
 
     tp = tp_mesh.size()
-    check_tensor_parallel(model.config, tp, transformers=True)
+    check_tensor_parallel(model.config, tp)
     if tp == 1:
         return model
     replicated = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(),
@@ -75,10 +77,19 @@ def parallelize_hf_model(model: HFModel, tp_mesh: Any, *, vocab_parallel: bool =
             norm = getattr(layer.self_attn, name, None)
             if norm is not None:
                 norm.weight.register_hook(lambda grad: _summed(grad, group))
-    parallelize_module(model.hf, tp_mesh, {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Shard(-1) if vocab_parallel else Replicate(),
-                                   use_local_output=not vocab_parallel)})
+    logits = Shard(-1) if vocab_parallel else Replicate()
+    if not model.config.tie_embeddings:
+        parallelize_module(model.hf, tp_mesh, {
+            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=logits, use_local_output=not vocab_parallel)})
+        return model
+    # a tied head is the embedding: split once (by vocabulary rows, which are the head's output
+    # columns), the head re-tied to the split tensor and only its input and output laid out
+    parallelize_module(model.hf, tp_mesh, {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())})
+    model.hf.lm_head.weight = model.hf.model.embed_tokens.weight
+    parallelize_module(model.hf, tp_mesh, {"lm_head": PrepareModuleInputOutput(
+        input_layouts=Replicate(), desired_input_layouts=Replicate(), use_local_input=False,
+        output_layouts=Shard(-1), desired_output_layouts=logits, use_local_output=not vocab_parallel)})
     return model
 
 

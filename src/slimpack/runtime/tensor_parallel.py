@@ -45,17 +45,12 @@ from slimpack.config import Config, ModelConfig
 from slimpack.runtime.model import Transformer
 
 
-def check_tensor_parallel(cfg: ModelConfig, tp: int, *, transformers: bool = False) -> None:
-    """``ValueError`` unless the model splits into ``tp`` equal shards of whole heads (and, on
-    transformers' layers, its head is not its embedding: slimpack's own head reads the split
-    embedding, but ``lm_head`` and ``embed_tokens`` would each split the one tied tensor)."""
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """``ValueError`` unless the model splits into ``tp`` equal shards of whole heads."""
     for what, count in (("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
                         ("MLP width", cfg.ffn_hidden), ("vocabulary", cfg.vocab_size)):
         if count % tp:
             raise ValueError(f"tp={tp} does not divide the model's {what} ({count})")
-    if transformers and cfg.tie_embeddings and tp > 1:
-        raise ValueError(f"tp={tp} with tied embeddings runs on slimpack's own layers only: transformers' "
-                         f"lm_head and embed_tokens would each split the one tied tensor")
 
 
 def check_sequence_parallel(config: Config) -> None:

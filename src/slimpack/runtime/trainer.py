@@ -123,7 +123,7 @@ class Trainer:
             raise UserError(f"the runtime runs {ops} layers here, but the config's layer_ops is "
                             f"{self.config.train.layer_ops!r}: its memory model would be for other layers")
         try:
-            check_tensor_parallel(model, par.tp, transformers=ops == "transformers")
+            check_tensor_parallel(model, par.tp)
             check_sequence_parallel(self.config)
         except ValueError as exc:
             raise UserError(str(exc)) from None
