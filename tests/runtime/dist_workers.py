@@ -308,3 +308,25 @@ def tied_embedding_after_steps(rank: int, world_size: int, plan: Plan, steps: in
     for _ in range(steps):
         runtime.step(plan, tokens)
     return {"stage": runtime.stage, "before": before.tolist(), "after": net.embedding.weight.detach().tolist()}
+
+
+def gradient_layouts(rank: int, world_size: int) -> dict:
+    """``like_parameter`` on a 2-rank tp mesh: a replicated gradient of a row-split parameter, and a
+    partial gradient of a replicated one, each with how many collectives it issued."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    from slimpack.runtime.collectives import CollectiveLog
+    from slimpack.runtime.tensor_parallel import like_parameter
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    table = torch.arange(8.0).reshape(4, 2)
+    split = distribute_tensor(table, mesh, [Shard(0)])
+    whole_grad = distribute_tensor(table * 10, mesh, [Replicate()])
+    partial = DTensor.from_local(torch.ones(2), mesh, [Partial()])
+    gain = distribute_tensor(torch.ones(2), mesh, [Replicate()])
+    with CollectiveLog({"tp": [mesh.get_group()]}) as log:
+        cut = like_parameter(whole_grad, split)
+        kept = like_parameter(partial, gain)
+    return {"cut": str(cut.placements), "cut_local": cut.to_local().tolist(), "kept_same": kept is partial,
+            "collectives": len(log.records)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from dist_workers import tensor_parallel_stages
+from dist_workers import gradient_layouts, tensor_parallel_stages
 
 from slimpack.config import model_preset
 from slimpack.plan.types import PipelinePlan, Slice
@@ -67,3 +67,13 @@ def test_the_layout_must_say_whether_the_runtime_runs_sequence_parallelism(layer
         with pytest.raises(ValueError, match=f"tp=2 with {refused}"):
             check_sequence_parallel(config)
     check_sequence_parallel(build_config(model="tiny", train=TrainConfig(layer_ops=layer_ops)))  # tp 1: either
+
+
+def test_a_split_parameter_keeps_its_share_of_a_replicated_gradient_without_communication():
+    """The vocabulary-split embedding's backward hands every rank the whole table's gradient: it is
+    cut to the rank's rows locally; a partial gradient (a sequence-parallel norm's gain) is left for
+    the one reduction per step (``reduce_partial_gradients``), not reduced at every backward."""
+    results = spawn(gradient_layouts, 2, (), timeout_s=60)
+    for rank, r in enumerate(results):
+        assert r["cut"] == "(Shard(dim=0),)" and r["kept_same"] and r["collectives"] == 0
+        assert r["cut_local"] == [[40.0 * rank + 20 * i, 40.0 * rank + 20 * i + 10] for i in range(2)]

@@ -211,11 +211,13 @@ def reduce_partial_gradients(params: Iterable[torch.Tensor]) -> None:
 
 
 def like_parameter(grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """``grad`` laid out over the tp ranks as ``param`` is (a replicated gradient of a sharded
-    parameter keeps this rank's shard, without communication)."""
+    """A replicated ``grad`` of a split ``param`` cut to this rank's shard, which needs no
+    communication; any other ``grad`` as it is (a partial sum waits for ``reduce_partial_gradients``,
+    once per step, not once per backward)."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements:
+    if (isinstance(grad, DTensor) and isinstance(param, DTensor) and grad.placements != param.placements
+            and all(placement.is_replicate() for placement in grad.placements)):
         return grad.redistribute(placements=param.placements)
     return grad
 
