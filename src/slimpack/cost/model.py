@@ -88,6 +88,7 @@ class CostModel:
         # values whoever fills it; gradient sync times per stage likewise
         self._comm_coefficients: dict[tuple[bool, int, bool | None], tuple[float, float]] = {}
         self._grad_sync: dict[int, float] = {}
+        self._pipeline_nodes: dict[tuple[int, ...], np.ndarray] = {}
         self._hops_within_node: dict[tuple[int, ...], np.ndarray] = {}
         # seconds per token per layer of the memory-bound kernels on one device (tp shards them)
         self._elementwise = 0.0 if eff.elementwise_bandwidth is None else (
@@ -411,10 +412,9 @@ class CostModel:
         """Whether the context-parallel group of a pipeline on ``replicas`` (the cp ranks of each,
         with their tp ranks) spans more than one node on ``stage``: its ring then runs at the
         inter-node link. A DP-Merge group that straddles a node boundary does, even one with no
-        more ranks than a node has. (Ranks grow with the replica: the first replica's first rank and
-        the last one's last rank bound the group.)"""
-        first, last = self.replica_nodes(np.array([min(replicas), max(replicas)]), stage)
-        return bool(first[0] != last[1])
+        more ranks than a node has."""
+        nodes = self.pipeline_nodes(tuple(replicas))[stage]
+        return bool(nodes.min() != nodes.max())
 
     def replica_nodes(self, replicas: np.ndarray, stage: int) -> tuple[np.ndarray, np.ndarray]:
         """Per replica, the node of its first rank and of its last rank (cp and tp ranks) on ``stage``."""
@@ -445,12 +445,20 @@ class CostModel:
         (e.g. tp2 dp3 on 8-GPU nodes) a replica's hop can cross a node boundary that replica 0's
         does not. Kept per replica set."""
         if replicas not in self._hops_within_node:
+            nodes = self.pipeline_nodes(replicas)
+            self._hops_within_node[replicas] = (nodes[:, None, :] == nodes[None, :, :]).all(axis=2)
+        return self._hops_within_node[replicas]
+
+    def pipeline_nodes(self, replicas: tuple[int, ...]) -> np.ndarray:
+        """``[stage, rank]``: the node of every rank (cp and tp ranks of each replica, by
+        ``layout_rank``) of a pipeline on ``replicas``, on every stage. Kept per replica set: the
+        simulator asks for each pipeline it simulates."""
+        if replicas not in self._pipeline_nodes:
             par, per_node = self.config.parallel, self.config.cluster.gpus_per_node
             ranks = np.array([par.rank(r, 0, c, t) for r in replicas for c in range(par.cp) for t in range(par.tp)])
             stage_ranks = par.dp * par.cp * par.tp
-            nodes = (ranks[None, :] + stage_ranks * np.arange(par.pp)[:, None]) // per_node  # [stage, rank]
-            self._hops_within_node[replicas] = (nodes[:, None, :] == nodes[None, :, :]).all(axis=2)
-        return self._hops_within_node[replicas]
+            self._pipeline_nodes[replicas] = (ranks[None, :] + stage_ranks * np.arange(par.pp)[:, None]) // per_node
+        return self._pipeline_nodes[replicas]
 
     def grad_sync_time(self, stage: int) -> float:
         """Ring all-reduce (or reduce-scatter + all-gather) of a stage's bf16 gradients over dp·cp:

@@ -158,7 +158,7 @@ class RankRuntime:
         if self.groups.embedding_group is not None:
             embedding = chunks[0].embedding.weight
             assert embedding is chunks[-1].head.weight, "a tied model's head is its embedding"
-            self.tied_embedding = self.parameters[[id(p) for p in self.compute_parameters].index(id(embedding))]
+            self.tied_embedding = embedding if precision is None else precision.masters([embedding])[0]
 
     def close(self) -> None:
         """Stop watching waits (the monitor's thread ends)."""

@@ -226,9 +226,13 @@ def keep_gradients_sharded(params: Iterable[torch.nn.Parameter]) -> None:
     """Store each split parameter's gradient as its own split (``like_parameter``) as soon as
     autograd has accumulated it: the vocabulary-split embedding's backward yields the whole table's
     gradient on every rank, which would otherwise stay (tp - 1)/tp of the embedding larger than the
-    rank's share of the model states that the memory model counts."""
+    rank's share of the model states that the memory model counts. Replicated parameters get no
+    hook (it would run at every accumulation and do nothing)."""
+    from torch.distributed.tensor import DTensor
+
     for param in params:
-        param.register_post_accumulate_grad_hook(_to_own_layout)
+        if isinstance(param, DTensor) and not all(placement.is_replicate() for placement in param.placements):
+            param.register_post_accumulate_grad_hook(_to_own_layout)
 
 
 def _to_own_layout(param: torch.Tensor) -> None:

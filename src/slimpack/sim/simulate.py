@@ -110,7 +110,6 @@ class _PipelineRun:
         par = config.parallel
         self.pp, self.chunks = par.pp, par.virtual_stages
         self.cp = pipe.cp
-        self.replicas = pipe.replicas
         self.width = len(pipe.replicas)  # merged replicas count as that many pipelines' GPUs
         self._cells = CellTable(pipe, self.cp, cost, where=f"pipelines[{index}]")
         graph, topo = schedule_graph(pipe, config, where=f"pipelines[{index}]")
@@ -138,16 +137,17 @@ class _PipelineRun:
                 duration[mine] = np.array(times[(kind, shape)])[group[mine]]
         self.vstage, self.forward, self.tokens = vstage, forward, tokens
         self.duration = duration.tolist()
-        self.start, self.end = self._timeline(cost, graph.p2p_input, device, topo)
+        self.start, self.end = self._timeline(cost, graph.p2p_input, device, topo, pipe.replicas)
         self.device_end = [max(self.end[self.first[d]:self.first[d + 1]], default=0.0) for d in range(self.pp)]
         middle = shapes[(self.pp * self.chunks) // 2]
         self.group_times = tuple(tuple(times[(kind, middle)]) for kind in "FB")
         self.group_cells = self._cells.counts
 
-    def _timeline(self, cost: CostModel, p2p_input: list[int], device: np.ndarray,
-                  topo: list[int]) -> tuple[list[float], list[float]]:
+    def _timeline(self, cost: CostModel, p2p_input: list[int], device: np.ndarray, topo: list[int],
+                  replicas: tuple[int, ...]) -> tuple[list[float], list[float]]:
         """Longest path in topological order: a node starts when its device is free and its
-        cross-stage input is in (its producer's end plus the P2P transfer). Its other inputs run on
+        cross-stage input is in (its producer's end plus the P2P transfer between the ranks of
+        ``replicas``). Its other inputs run on
         its own device before it (``dep`` edges join actions of one virtual stage), so they end by
         the time its device is free and leave the start unchanged."""
         num = len(p2p_input)
@@ -159,7 +159,7 @@ class _PipelineRun:
         hops = np.flatnonzero(sources >= 0)
         delays = np.zeros(num)
         delays[hops] = cost.p2p_time(self.tokens[hops], from_stage=device[sources[hops]], to_stage=device[hops],
-                                     cp=self.cp, replicas=self.replicas)
+                                     cp=self.cp, replicas=replicas)
         start, end, duration = [0.0] * num, [0.0] * num, self.duration
         before_of, hop_delay = previous.tolist(), delays.tolist()
         for node in topo:
